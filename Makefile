@@ -1,0 +1,37 @@
+# Two entry points do all the set-up: `make demo` and `make test`. Both create .venv when it is
+# missing and install fxmobile into it (building its C++ operator library) first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.fxmobile-installed
+CSRC := $(shell find fxmobile -name '*.cpp' -o -name '*.h' 2>/dev/null)
+
+.PHONY: demo test test-slow lint install clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Build requirements come from pyproject.toml (one place); the package is then built without
+# isolation so the extension compiles against the torch that is installed in the venv.
+$(STAMP): $(PY) pyproject.toml setup.cfg $(CSRC)
+	$(PY) -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))' > $(VENV)/build-requirements.txt
+	$(PY) -m pip install --quiet -r $(VENV)/build-requirements.txt
+	$(PY) -m pip install --quiet --no-build-isolation -e '.[dev]'
+	touch $@
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m fxmobile.demo
+
+test: $(STAMP)
+	$(PY) -m ruff check fxmobile tests model_zoo_checks benchmarks
+	$(PY) -m mypy
+	$(PY) -m pytest
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -m slow
+
+clean:
+	rm -rf build *.egg-info $(VENV)
+	find fxmobile -name '*.so' -delete

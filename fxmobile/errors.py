@@ -1,0 +1,37 @@
+"""Exceptions fxmobile raises for bad input.
+
+Every message names the module, method or argument at fault and says what to do about it.
+Each class also derives from the built-in exception a caller would expect (``TypeError`` for a
+wrong kind of argument, ``ValueError`` for a wrong value), so existing ``except`` clauses keep
+working when a caller switches from ``torch.utils.mobile_optimizer``.
+"""
+
+from __future__ import annotations
+
+
+class FxMobileError(Exception):
+    """Base class of every error fxmobile raises on purpose."""
+
+
+class InvalidArgumentError(FxMobileError, TypeError):
+    """An argument is of the wrong kind (not a module, not a pass, not a tensor...)."""
+
+
+class InvalidValueError(FxMobileError, ValueError):
+    """An argument has the right kind but a value fxmobile cannot work with."""
+
+
+class TrainingModeError(FxMobileError, ValueError):
+    """The model, or some of its submodules, is still in training mode."""
+
+
+class CaptureError(FxMobileError, RuntimeError):
+    """``torch.fx`` could not trace the model."""
+
+
+class PassError(FxMobileError, RuntimeError):
+    """A pass failed; the message says which passes ran before it."""
+
+
+class NumericsError(FxMobileError, RuntimeError):
+    """The optimized model's outputs differ from eager beyond the tolerance."""

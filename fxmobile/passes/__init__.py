@@ -1,0 +1,1 @@
+"""Backend-agnostic torch.fx passes, one module each; ``pipeline`` holds their order."""

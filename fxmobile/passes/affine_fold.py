@@ -1,0 +1,80 @@
+"""Folding a per-output-channel affine map into a conv, transposed conv or linear layer.
+
+For a producer ``y = W * x + b`` followed by ``z = y * s + t`` (``s``, ``t`` per output channel):
+
+    W'[o] = W[o] * s[o]
+    b'[o] = b[o] * s[o] + t[o]        (b = 0 when the producer has no bias; it gains one)
+
+The arithmetic is done in float64 and written back in the producer's own dtype. The output
+channel is axis 0 of a conv or linear weight (``[out, in/groups, *k]``), but a transposed conv
+stores ``[in, out/groups, *k]``: output channel ``o = g * (out/groups) + j`` lives at group
+``g``, column ``j`` of axis 1 (the axis upstream got wrong, pytorch/pytorch#180995).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+CONV_TYPES: tuple[type[nn.Module], ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+CONV_TRANSPOSE_TYPES: tuple[type[nn.Module], ...] = (
+    nn.ConvTranspose1d,
+    nn.ConvTranspose2d,
+    nn.ConvTranspose3d,
+)
+PRODUCER_TYPES: tuple[type[nn.Module], ...] = (*CONV_TYPES, *CONV_TRANSPOSE_TYPES, nn.Linear)
+
+
+def is_producer(module: nn.Module) -> bool:
+    """Exactly one of the layer types an affine map folds into (subclasses may override forward)."""
+    return type(module) in PRODUCER_TYPES
+
+
+def out_channels(module: nn.Module) -> int:
+    if type(module) is nn.Linear:
+        return int(module.out_features)
+    return int(module.out_channels)  # type: ignore[arg-type]
+
+
+def scale_output_channels(
+    weight: torch.Tensor, scale: torch.Tensor, *, transposed: bool, groups: int
+) -> torch.Tensor:
+    """``weight`` (any dtype) times ``scale`` (float64, one per output channel), in float64."""
+    w = weight.detach().to(torch.float64)
+    if not transposed:
+        return w * scale.reshape(-1, *([1] * (w.dim() - 1)))
+    in_ch, out_per_group = w.shape[0], w.shape[1]
+    grouped = w.reshape(groups, in_ch // groups, out_per_group, *w.shape[2:])
+    s = scale.reshape(groups, 1, out_per_group, *([1] * (w.dim() - 2)))
+    return (grouped * s).reshape(w.shape)
+
+
+def fold_affine_into(module: nn.Module, scale: torch.Tensor, shift: torch.Tensor) -> nn.Module:
+    """A new producer computing ``module(x) * scale + shift``; ``module`` itself is untouched.
+
+    ``scale`` and ``shift`` are float64 vectors with one entry per output channel.
+    """
+    if not is_producer(module):
+        raise TypeError(f"cannot fold an affine map into {type(module).__name__}")
+    n = out_channels(module)
+    if scale.shape != (n,) or shift.shape != (n,):
+        raise ValueError(
+            f"scale/shift must have {n} entries, got {tuple(scale.shape)}/{tuple(shift.shape)}"
+        )
+    folded = copy.deepcopy(module)
+    weight: torch.Tensor = module.weight  # type: ignore[assignment]
+    transposed = type(module) in CONV_TRANSPOSE_TYPES
+    groups = int(getattr(module, "groups", 1))
+    new_w = scale_output_channels(weight, scale, transposed=transposed, groups=groups)
+    bias = module.bias
+    b = (
+        bias.detach().to(torch.float64)
+        if isinstance(bias, torch.Tensor)
+        else torch.zeros(n, dtype=torch.float64)
+    )
+    new_b = b * scale + shift
+    folded.weight = nn.Parameter(new_w.to(weight.dtype), requires_grad=weight.requires_grad)
+    folded.bias = nn.Parameter(new_b.to(weight.dtype), requires_grad=weight.requires_grad)
+    return folded

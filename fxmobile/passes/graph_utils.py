@@ -1,0 +1,113 @@
+"""Small graph helpers shared by the FX passes: lookups, purity, constants.
+
+Everything here matches on real targets (module types, function objects), never on node names.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+# Functions whose call mutates an argument or global state; never removed as dead code.
+_IMPURE_FUNCTIONS: frozenset[Any] = frozenset(
+    {operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv}
+)
+
+
+def module_of(gm: fx.GraphModule, node: fx.Node) -> nn.Module | None:
+    """The submodule a ``call_module`` node calls, else None."""
+    if node.op != "call_module":
+        return None
+    assert isinstance(node.target, str)
+    return gm.get_submodule(node.target)
+
+
+def attr_of(gm: fx.GraphModule, node: fx.Node) -> Any:
+    """The value a ``get_attr`` node reads (a parameter, buffer or constant tensor)."""
+    assert node.op == "get_attr" and isinstance(node.target, str)
+    obj: Any = gm
+    for part in node.target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def is_inplace_module(module: nn.Module) -> bool:
+    return bool(getattr(module, "inplace", False))
+
+
+def is_pure(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """True when removing ``node`` (if unused) cannot change what the model computes.
+
+    Conservative on purpose: in-place methods and functions (``relu_``, ``inplace=True``,
+    ``out=``), ``operator.setitem``, in-place modules and any module outside ``torch.nn`` (an
+    opaque leaf may update its own state) all count as impure.
+    """
+    if node.op in ("placeholder", "output"):
+        return False
+    if node.op == "get_attr":
+        return True
+    if node.kwargs.get("inplace") or "out" in node.kwargs:
+        return False
+    if node.op == "call_method":
+        name = str(node.target)
+        return not (name.endswith("_") and not name.endswith("__"))
+    if node.op == "call_function":
+        if node.target in _IMPURE_FUNCTIONS:
+            return False
+        name = getattr(node.target, "__name__", "")
+        if name.endswith("_") and not name.endswith("__"):
+            return False
+        return not node.is_impure()
+    if node.op == "call_module":
+        module = module_of(gm, node)
+        assert module is not None
+        if is_inplace_module(module):
+            return False
+        return type(module).__module__.startswith("torch.nn.") and not getattr(
+            module, "_is_impure", False
+        )
+    return False
+
+
+def replace_node(node: fx.Node, value: fx.Node) -> None:
+    """Route every user of ``node`` to ``value`` and erase ``node``."""
+    node.replace_all_uses_with(value)
+    node.graph.erase_node(node)
+
+
+def fresh_attr_name(gm: fx.GraphModule, base: str) -> str:
+    """An attribute name on ``gm`` derived from ``base`` that is not taken yet."""
+    base = base.replace(".", "_")
+    name, i = base, 0
+    while hasattr(gm, name):
+        i += 1
+        name = f"{base}_{i}"
+    return name
+
+
+def add_constant(gm: fx.GraphModule, base: str, value: torch.Tensor) -> str:
+    """Register ``value`` as a buffer of ``gm`` (so it is counted, saved and scripted)."""
+    name = fresh_attr_name(gm, base)
+    gm.register_buffer(name, value.detach())
+    return name
+
+
+def tensor_meta(node: fx.Node) -> Any:
+    """Shape/dtype metadata left by shape propagation, or None when there was none."""
+    return node.meta.get("tensor_meta")
+
+
+def erase_unused_attributes(gm: fx.GraphModule) -> int:
+    """Drop submodules, parameters and buffers of ``gm`` that no node refers to any more."""
+    used = {str(n.target) for n in gm.graph.nodes if n.op in ("get_attr", "call_module")}
+    removed = 0
+    for name, _ in list(gm.named_parameters(recurse=False)) + list(gm.named_buffers(recurse=False)):
+        if name not in used:
+            delattr(gm, name)
+            removed += 1
+    before = sum(1 for _ in gm.modules())
+    gm.delete_all_unused_submodules()
+    return removed + before - sum(1 for _ in gm.modules())

@@ -1,0 +1,84 @@
+"""Remove dropout, which is the identity at inference.
+
+    y = Dropout(p)(x)               ->  y = x     (module in eval mode)
+    y = F.dropout(x, p, training=False) ->  y = x
+
+Every dropout module kind is covered (``Dropout``, ``Dropout1d/2d/3d``, ``AlphaDropout``,
+``FeatureAlphaDropout``) and the functional forms (``F.dropout*``, ``F.alpha_dropout``,
+``F.feature_alpha_dropout``, ``torch.dropout`` and friends). A functional call is removed only
+when its ``training`` argument is the constant False: ``F.dropout(x, p)`` defaults to
+``training=True`` and really drops in eval mode too, so it is left alone and reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from fxmobile.options import MobileOptimizerType
+from fxmobile.passes.graph_utils import erase_unused_attributes, module_of, replace_node
+from fxmobile.passes.infra import FxPass, PassResult, Skips
+
+DROPOUT_MODULES: tuple[type[nn.Module], ...] = (
+    nn.Dropout,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
+    nn.AlphaDropout,
+    nn.FeatureAlphaDropout,
+)
+
+# function -> (position of the `training` argument, its keyword, its default)
+DROPOUT_FUNCTIONS: dict[Callable[..., Any], tuple[int, str, bool]] = {
+    F.dropout: (2, "training", True),
+    F.dropout1d: (2, "training", True),
+    F.dropout2d: (2, "training", True),
+    F.dropout3d: (2, "training", True),
+    F.alpha_dropout: (2, "training", False),
+    F.feature_alpha_dropout: (2, "training", False),
+    torch.dropout: (2, "train", True),
+    torch.alpha_dropout: (2, "train", True),
+    torch.feature_dropout: (2, "train", True),
+    torch.feature_alpha_dropout: (2, "train", True),
+}
+
+
+def _training_arg(node: fx.Node, position: int, keyword: str, default: bool) -> Any:
+    if len(node.args) > position:
+        return node.args[position]
+    return node.kwargs.get(keyword, default)
+
+
+class RemoveDropout(FxPass):
+    optimization: ClassVar[MobileOptimizerType] = MobileOptimizerType.REMOVE_DROPOUT
+    summary: ClassVar[str] = "Dropout*(x) / F.dropout*(x, training=False) -> x"
+
+    def call(self, gm: fx.GraphModule) -> PassResult:
+        rewrites, skips = 0, Skips()
+        for node in list(gm.graph.nodes):
+            if node.op == "call_module":
+                module = module_of(gm, node)
+                if not isinstance(module, DROPOUT_MODULES):
+                    continue
+                if module.training:
+                    skips.add("dropout module in training mode")
+                    continue
+            elif node.op == "call_function" and node.target in DROPOUT_FUNCTIONS:
+                if _training_arg(node, *DROPOUT_FUNCTIONS[node.target]) is not False:
+                    skips.add("functional dropout with training not constant False")
+                    continue
+            else:
+                continue
+            source = node.args[0] if node.args else node.kwargs.get("input")
+            if not isinstance(source, fx.Node):
+                skips.add("dropout input is not a tensor node")
+                continue
+            replace_node(node, source)
+            rewrites += 1
+        if rewrites:
+            erase_unused_attributes(gm)
+        return PassResult(gm, rewrites, dict(skips))

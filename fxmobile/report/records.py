@@ -1,0 +1,138 @@
+"""The report's data: one record per pass, the numerical check, and notes.
+
+Everything here is plain data (dataclasses of numbers and strings); ``fxmobile.report.render``
+turns it into a table, Markdown or a JSON-ready dict. Nothing is parsed back out of text.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Stage(enum.Enum):
+    FX = "fx"
+    SCRIPT = "script"
+
+
+class Status(enum.Enum):
+    RAN = "ran"
+    BLOCKLISTED = "blocklisted"
+
+
+@dataclass(frozen=True)
+class PassRecord:
+    """What one pass did: rewrites, skips with reasons, and the graph before and after."""
+
+    name: str
+    stage: Stage
+    status: Status
+    rewrites: int = 0
+    skips: dict[str, int] = field(default_factory=dict)
+    nodes_before: int = 0
+    nodes_after: int = 0
+    param_bytes_before: int = 0
+    param_bytes_after: int = 0
+    seconds: float = 0.0
+
+    @property
+    def modified(self) -> bool:
+        return self.rewrites > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "stage": self.stage.value,
+            "status": self.status.value,
+            "rewrites": self.rewrites,
+            "skips": dict(self.skips),
+            "nodes_before": self.nodes_before,
+            "nodes_after": self.nodes_after,
+            "param_bytes_before": self.param_bytes_before,
+            "param_bytes_after": self.param_bytes_after,
+            "seconds": self.seconds,
+        }
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """The optimized model's output number ``index`` (flattened) against eager."""
+
+    index: int
+    path: str
+    max_abs_error: float
+    reference_scale: float
+    tolerance: float
+
+    @property
+    def relative_error(self) -> float:
+        """Max abs error relative to the largest magnitude in the eager output."""
+        if self.reference_scale == 0.0:
+            return self.max_abs_error
+        return self.max_abs_error / self.reference_scale
+
+    @property
+    def passed(self) -> bool:
+        return self.relative_error <= self.tolerance
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "path": self.path,
+            "max_abs_error": self.max_abs_error,
+            "reference_scale": self.reference_scale,
+            "relative_error": self.relative_error,
+            "tolerance": self.tolerance,
+            "passed": self.passed,
+        }
+
+
+@dataclass
+class Report:
+    """Everything fxmobile did to one model, in order."""
+
+    model_name: str
+    passes: list[PassRecord] = field(default_factory=list)
+    numerics: list[OutputCheck] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def rewrites(self) -> int:
+        return sum(p.rewrites for p in self.passes)
+
+    @property
+    def numerics_passed(self) -> bool | None:
+        if self.numerics is None:
+            return None
+        return all(c.passed for c in self.numerics)
+
+    def record(self, name: str) -> PassRecord:
+        """The record of the pass called ``name`` (the last one, if it ran in two stages)."""
+        for rec in reversed(self.passes):
+            if rec.name == name:
+                return rec
+        raise KeyError(
+            f"no pass named {name!r} in this report; ran: {[p.name for p in self.passes]}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model_name,
+            "passes": [p.to_dict() for p in self.passes],
+            "numerics": None if self.numerics is None else [c.to_dict() for c in self.numerics],
+            "notes": list(self.notes),
+        }
+
+    def to_markdown(self) -> str:
+        from fxmobile.report.render import render
+
+        return render(self, "github")
+
+    def __str__(self) -> str:
+        from fxmobile.report.render import render
+
+        return render(self, "simple")
+
+    def _repr_markdown_(self) -> str:
+        return self.to_markdown()

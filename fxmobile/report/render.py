@@ -1,0 +1,87 @@
+"""Render a ``Report`` as text tables (terminal or Markdown) with tabulate."""
+
+from __future__ import annotations
+
+from tabulate import tabulate
+
+from fxmobile.report.records import PassRecord, Report, Status
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    raise AssertionError("unreachable")
+
+
+def _skips(rec: PassRecord) -> str:
+    return "; ".join(f"{reason} ×{count}" for reason, count in rec.skips.items())
+
+
+def _pass_rows(report: Report) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for rec in report.passes:
+        if rec.status is Status.BLOCKLISTED:
+            rows.append([rec.stage.value, rec.name, "blocklisted", "", "", "", ""])
+            continue
+        rows.append(
+            [
+                rec.stage.value,
+                rec.name,
+                rec.rewrites,
+                f"{rec.nodes_before} → {rec.nodes_after}",
+                f"{_bytes(rec.param_bytes_before)} → {_bytes(rec.param_bytes_after)}",
+                f"{rec.seconds * 1000:.1f}",
+                _skips(rec),
+            ]
+        )
+    return rows
+
+
+def render(report: Report, fmt: str) -> str:
+    """The report as tables in tabulate format ``fmt`` ("simple" for terminals, "github")."""
+    parts = [f"fxmobile report: {report.model_name}"]
+    parts.append(
+        tabulate(
+            _pass_rows(report),
+            headers=[
+                "stage",
+                "pass",
+                "rewrites",
+                "nodes",
+                "params",
+                "ms",
+                "skipped (reason ×count)",
+            ],
+            tablefmt=fmt,
+        )
+    )
+    if report.numerics is not None:
+        rows = [
+            [
+                c.path,
+                f"{c.max_abs_error:.3g}",
+                f"{c.reference_scale:.3g}",
+                f"{c.relative_error:.3g}",
+                f"{c.tolerance:.0e}",
+                "ok" if c.passed else "MISMATCH",
+            ]
+            for c in report.numerics
+        ]
+        parts.append(
+            tabulate(
+                rows,
+                headers=[
+                    "output",
+                    "max abs err",
+                    "eager max abs",
+                    "relative",
+                    "tolerance",
+                    "check",
+                ],
+                tablefmt=fmt,
+            )
+        )
+    parts.extend(f"note: {note}" for note in report.notes)
+    return "\n\n".join(parts)

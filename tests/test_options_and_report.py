@@ -1,0 +1,91 @@
+"""Blocklist normalization, the pass manager's records, and the report's renderings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import fx, nn
+
+import fxmobile
+from fxmobile import MobileOptimizerType
+from fxmobile.options import normalize_blocklist
+from fxmobile.passes.infra import FxPass, PassResult
+from fxmobile.passes.manager import PassManager
+from fxmobile.report import Status
+
+
+def test_upstream_members_map_by_name() -> None:
+    upstream = torch._C._MobileOptimizerType
+    got = normalize_blocklist([upstream.REMOVE_DROPOUT, MobileOptimizerType.REMOVE_IDENTITY])
+    assert got == {MobileOptimizerType.REMOVE_DROPOUT, MobileOptimizerType.REMOVE_IDENTITY}
+    assert set(upstream.__members__) <= set(MobileOptimizerType.__members__)
+
+
+def test_string_in_blocklist_is_refused_with_the_member_to_use() -> None:
+    with pytest.raises(fxmobile.InvalidArgumentError, match=r"MobileOptimizerType\.REMOVE_DROPOUT"):
+        normalize_blocklist(["remove_dropout"])  # type: ignore[list-item]
+
+
+def test_single_member_instead_of_a_set_is_refused() -> None:
+    with pytest.raises(fxmobile.InvalidArgumentError, match="wrap it"):
+        normalize_blocklist(MobileOptimizerType.REMOVE_DROPOUT)  # type: ignore[arg-type]
+
+
+def test_blocklisted_pass_does_not_run_and_is_recorded() -> None:
+    model = nn.Sequential(nn.Linear(3, 3), nn.Dropout()).eval()
+    result = fxmobile.optimize_fx(
+        model, torch.randn(2, 3), blocklist={torch._C._MobileOptimizerType.REMOVE_DROPOUT}
+    )
+    assert result.report.record("remove_dropout").status is Status.BLOCKLISTED
+    assert any(type(m) is nn.Dropout for m in result.graph_module.modules())
+
+
+class Broken(FxPass):
+    optimization = MobileOptimizerType.FOLD_CONSTANTS
+    summary = "breaks"
+
+    def call(self, gm: fx.GraphModule) -> PassResult:
+        raise RuntimeError("boom")
+
+
+def test_failing_pass_names_itself_and_the_passes_before_it() -> None:
+    from fxmobile.passes.remove_dropout import RemoveDropout
+
+    gm = fx.symbolic_trace(nn.Sequential(nn.Linear(2, 2)))
+    with pytest.raises(
+        fxmobile.PassError, match=r"'fold_constants' failed.*boom.*ran before it: remove_dropout"
+    ):
+        PassManager([RemoveDropout(), Broken()]).run(gm)
+
+
+def test_report_renders_as_table_markdown_and_json() -> None:
+    model = nn.Sequential(nn.Linear(3, 3), nn.Identity(), nn.Dropout()).eval()
+    report = fxmobile.optimize_fx(model, torch.randn(2, 3)).report
+    text = str(report)
+    assert "remove_dropout" in text and "remove_identity" in text and "ok" in text
+    md = report.to_markdown()
+    assert md.count("|---") >= 2 or "|----" in md
+    data = json.loads(json.dumps(report.to_dict()))
+    rec = next(p for p in data["passes"] if p["name"] == "remove_dropout")
+    assert rec["rewrites"] == 1 and rec["nodes_before"] == rec["nodes_after"] + 1
+    assert data["numerics"][0]["passed"] is True
+    assert report._repr_markdown_() == md
+
+
+def test_numerics_report_flags_a_mismatch() -> None:
+    from fxmobile.report.numerics import compare_outputs
+
+    ref = (torch.ones(3), {"b": torch.full((2,), 10.0)})
+    act = (torch.ones(3), {"b": torch.full((2,), 10.1)})
+    checks = compare_outputs(ref, act, tolerance=1e-3)
+    assert [c.passed for c in checks] == [True, False]
+    assert checks[1].path == "[1]['b']" and checks[1].relative_error == pytest.approx(
+        0.01, rel=1e-4
+    )
+
+
+def test_example_inputs_that_do_not_fit_are_refused() -> None:
+    with pytest.raises(fxmobile.InvalidValueError, match=r"example_inputs do not run.*\(2, 5\)"):
+        fxmobile.optimize_fx(nn.Linear(3, 3).eval(), torch.randn(2, 5))

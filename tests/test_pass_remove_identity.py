@@ -1,0 +1,82 @@
+"""RemoveIdentity: nn.Identity always; x+0 / x*1 forms only when the dtype provably stays."""
+
+from __future__ import annotations
+
+import operator
+
+import pytest
+import torch
+from torch import fx, nn
+from torch.fx.passes.shape_prop import ShapeProp
+
+from fxmobile.passes.remove_identity import RemoveIdentity
+from tests.helpers import assert_equivalent, count_calls, count_modules
+
+
+class Arith(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x + 0
+        y = 0 + y
+        y = y - 0
+        y = y * 1
+        y = 1 * y
+        y = y / 1
+        y = y.add(0).mul(1.0)
+        return torch.add(y, 0) + 1
+
+
+def _run(model: nn.Module, *example: torch.Tensor) -> tuple[fx.GraphModule, int, dict[str, int]]:
+    gm = fx.symbolic_trace(model)
+    if example:
+        ShapeProp(gm).propagate(*example)
+    result = RemoveIdentity().call(gm)
+    gm.graph.lint()
+    gm.recompile()
+    return gm, result.rewrites, result.skips
+
+
+def test_identity_module_removed_without_shapes() -> None:
+    model = nn.Sequential(nn.Linear(3, 3), nn.Identity(), nn.Identity()).eval()
+    gm, rewrites, _ = _run(model)
+    assert rewrites == 2 and count_modules(gm, nn.Identity) == 0
+    assert_equivalent(model, gm, torch.randn(2, 3))
+
+
+def test_neutral_arithmetic_removed_for_float_input() -> None:
+    x = torch.randn(2, 3)
+    gm, rewrites, _ = _run(Arith(), x)
+    assert rewrites == 9
+    assert count_calls(gm, operator.add) == 1  # only `+ 1` is left
+    assert_equivalent(Arith(), gm, x)
+
+
+def test_neutral_arithmetic_needs_shapes() -> None:
+    _, rewrites, skips = _run(Arith())
+    assert rewrites == 0
+    assert skips == {"input dtype unknown (pass example_inputs)": 9}
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int32])
+def test_promoting_forms_are_kept(dtype: torch.dtype) -> None:
+    class M(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x + 0.0) * 1, x / 1
+
+    x = torch.ones(3, dtype=dtype)
+    gm, _, skips = _run(M(), x)
+    a, b = gm(x)
+    ref_a, ref_b = M()(x)
+    assert a.dtype == ref_a.dtype and b.dtype == ref_b.dtype
+    assert torch.equal(a, ref_a) and torch.equal(b, ref_b)
+    assert skips
+
+
+def test_non_neutral_and_rounding_division_kept() -> None:
+    class M(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.div(x, 1, rounding_mode="floor") + (0 - x) + x * 2
+
+    x = torch.randn(4) * 3
+    gm, rewrites, _ = _run(M(), x)
+    assert rewrites == 0
+    assert_equivalent(M(), gm, x)
