@@ -13,7 +13,7 @@ from fxmobile.capture import capture
 from fxmobile.capture.trace import LeafSpec
 from fxmobile.errors import InvalidArgumentError, InvalidValueError
 from fxmobile.options import BlocklistItem, normalize_blocklist
-from fxmobile.passes.manager import PassManager
+from fxmobile.passes.manager import FxPassManager
 from fxmobile.passes.pipeline import fx_pipeline
 from fxmobile.report import Report
 from fxmobile.report.numerics import DEFAULT_TOLERANCE, as_input_tuple, compare_outputs, run_model
@@ -63,7 +63,7 @@ def optimize_fx(
         specialized = {k: v for k, v in (concrete_args or {}).items() if v is not fx.PH}
         reference = _run_eager(captured.graph_module, captured.eager_copy, inputs, specialized)
     report = Report(model_name=type(model).__name__, notes=list(captured.notes))
-    manager = PassManager(fx_pipeline(channels_last=channels_last), blocked, inputs)
+    manager = FxPassManager(fx_pipeline(channels_last=channels_last), blocked, inputs)
     gm, records = manager.run(captured.graph_module)
     report.passes.extend(records)
     if inputs is not None:

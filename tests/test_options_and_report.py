@@ -12,7 +12,7 @@ import fxmobile
 from fxmobile import MobileOptimizerType
 from fxmobile.options import normalize_blocklist
 from fxmobile.passes.infra import FxPass, PassResult
-from fxmobile.passes.manager import PassManager
+from fxmobile.passes.manager import FxPassManager
 from fxmobile.report import Status
 
 
@@ -55,9 +55,9 @@ def test_failing_pass_names_itself_and_the_passes_before_it() -> None:
 
     gm = fx.symbolic_trace(nn.Sequential(nn.Linear(2, 2)))
     with pytest.raises(
-        fxmobile.PassError, match=r"'fold_constants' failed.*boom.*ran before it: remove_dropout"
+        fxmobile.PassError, match=r"fx pass .fold_constants. failed.*boom.*ran before it: remove_dropout"
     ):
-        PassManager([RemoveDropout(), Broken()]).run(gm)
+        FxPassManager([RemoveDropout(), Broken()]).run(gm)
 
 
 def test_report_renders_as_table_markdown_and_json() -> None:

@@ -1,14 +1,18 @@
 """Runs an ordered tuple of passes, recording each one for the report.
 
-After every pass the manager lints the graph and recompiles the module, so a pass that leaves
-a broken graph is caught where it happened. When a pass raises, the error says which pass failed
-and which passes ran before it.
+``PassManager`` is shared by both stages: it skips blocklisted passes, times and measures each
+pass, and when a pass raises, says which pass failed and which passes ran before it. The FX
+flavour lints and recompiles the graph after every pass, so a pass that leaves a broken graph is
+caught where it happened; the TorchScript flavour (``fxmobile.script.manager``) lints the graphs
+of every method it rewrites.
 """
 
 from __future__ import annotations
 
+import abc
 import time
 from collections.abc import Sequence
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 from torch import fx
@@ -19,9 +23,77 @@ from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.infra import FxPass, count_nodes, tensor_nbytes
 from fxmobile.report.records import PassRecord, Stage, Status
 
+U = TypeVar("U")
 
-class PassManager:
-    """Applies ``passes`` in order, skipping those switched off by ``blocklist``."""
+
+class ResultLike(Protocol):
+    @property
+    def rewrites(self) -> int: ...
+    @property
+    def skips(self) -> dict[str, int]: ...
+
+
+class PassManager(abc.ABC, Generic[U]):
+    """Applies ``passes`` in order to a unit (a graph module or a script module)."""
+
+    stage: Stage
+
+    def __init__(
+        self, passes: Sequence[Any], blocklist: frozenset[MobileOptimizerType] = frozenset()
+    ) -> None:
+        self.passes = tuple(passes)
+        self.blocklist = blocklist
+
+    @abc.abstractmethod
+    def apply(self, p: Any, unit: U) -> tuple[U, ResultLike]:
+        """Run pass ``p`` on ``unit``; return the unit to carry on with and the pass's result."""
+
+    @abc.abstractmethod
+    def measure(self, unit: U) -> tuple[int, int]:
+        """(nodes, tensor bytes) of ``unit``, for the before/after columns."""
+
+    def run(self, unit: U) -> tuple[U, list[PassRecord]]:
+        records: list[PassRecord] = []
+        for p in self.passes:
+            if p.blocked_by() & self.blocklist:
+                records.append(PassRecord(p.name, self.stage, Status.BLOCKLISTED))
+                continue
+            nodes_before, bytes_before = self.measure(unit)
+            start = time.perf_counter()
+            try:
+                unit, result = self.apply(p, unit)
+            except Exception as exc:
+                ran = ", ".join(r.name for r in records if r.status is Status.RAN) or "none"
+                member = f"MobileOptimizerType.{p.optimization.name}" if p.optimization else None
+                skip = f"Blocklist {member} to skip it, and please" if member else "Please"
+                raise PassError(
+                    f"fxmobile {self.stage.value} pass {p.name!r} failed: "
+                    f"{type(exc).__name__}: {exc}. Passes that ran before it: {ran}. "
+                    f"{skip} report the model."
+                ) from exc
+            seconds = time.perf_counter() - start
+            nodes_after, bytes_after = self.measure(unit)
+            records.append(
+                PassRecord(
+                    name=p.name,
+                    stage=self.stage,
+                    status=Status.RAN,
+                    rewrites=result.rewrites,
+                    skips=dict(result.skips),
+                    nodes_before=nodes_before,
+                    nodes_after=nodes_after,
+                    param_bytes_before=bytes_before,
+                    param_bytes_after=bytes_after,
+                    seconds=seconds,
+                )
+            )
+        return unit, records
+
+
+class FxPassManager(PassManager[fx.GraphModule]):
+    """Runs FX passes; refreshes shapes for passes that need them; lints and recompiles."""
+
+    stage = Stage.FX
 
     def __init__(
         self,
@@ -29,49 +101,21 @@ class PassManager:
         blocklist: frozenset[MobileOptimizerType] = frozenset(),
         example_inputs: tuple[object, ...] | None = None,
     ) -> None:
-        self.passes = tuple(passes)
-        self.blocklist = blocklist
+        super().__init__(passes, blocklist)
         self.example_inputs = example_inputs
 
-    def run(self, gm: fx.GraphModule) -> tuple[fx.GraphModule, list[PassRecord]]:
-        records: list[PassRecord] = []
-        for p in self.passes:
-            if p.blocked_by() & self.blocklist:
-                records.append(PassRecord(p.name, Stage.FX, Status.BLOCKLISTED))
-                continue
-            nodes_before, bytes_before = count_nodes(gm), tensor_nbytes(gm)
-            start = time.perf_counter()
-            try:
-                if p.needs_shapes:
-                    self._propagate_shapes(gm)
-                with torch.no_grad():
-                    result = p.call(gm)
-                gm = result.graph_module
-                gm.graph.lint()
-                gm.recompile()
-            except Exception as exc:
-                ran = ", ".join(r.name for r in records if r.status is Status.RAN) or "none"
-                raise PassError(
-                    f"fxmobile pass {p.name!r} failed: {type(exc).__name__}: {exc}. "
-                    f"Passes that ran before it: {ran}. Blocklist "
-                    f"MobileOptimizerType.{p.optimization.name} to skip it, and please report "
-                    f"the model."
-                ) from exc
-            records.append(
-                PassRecord(
-                    name=p.name,
-                    stage=Stage.FX,
-                    status=Status.RAN,
-                    rewrites=result.rewrites,
-                    skips=dict(result.skips),
-                    nodes_before=nodes_before,
-                    nodes_after=count_nodes(gm),
-                    param_bytes_before=bytes_before,
-                    param_bytes_after=tensor_nbytes(gm),
-                    seconds=time.perf_counter() - start,
-                )
-            )
-        return gm, records
+    def apply(self, p: FxPass, unit: fx.GraphModule) -> tuple[fx.GraphModule, ResultLike]:
+        if p.needs_shapes:
+            self._propagate_shapes(unit)
+        with torch.no_grad():
+            result = p.call(unit)
+        gm = result.graph_module
+        gm.graph.lint()
+        gm.recompile()
+        return gm, result
+
+    def measure(self, unit: fx.GraphModule) -> tuple[int, int]:
+        return count_nodes(unit), tensor_nbytes(unit)
 
     def _propagate_shapes(self, gm: fx.GraphModule) -> None:
         """Fill ``node.meta["tensor_meta"]`` from the example inputs, when there are some."""
