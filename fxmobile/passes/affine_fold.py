@@ -51,6 +51,16 @@ def scale_output_channels(
     return (grouped * s).reshape(w.shape)
 
 
+def _copy_without_tensors(module: nn.Module) -> nn.Module:
+    """A new module object sharing ``module``'s tensors; assigning weight/bias on it leaves
+    ``module`` as it was (a deep copy would clone the weight only to replace it)."""
+    folded = copy.copy(module)
+    folded._parameters = dict(module._parameters)
+    folded._buffers = dict(module._buffers)
+    folded._modules = dict(module._modules)
+    return folded
+
+
 def fold_affine_into(module: nn.Module, scale: torch.Tensor, shift: torch.Tensor) -> nn.Module:
     """A new producer computing ``module(x) * scale + shift``; ``module`` itself is untouched.
 
@@ -63,7 +73,7 @@ def fold_affine_into(module: nn.Module, scale: torch.Tensor, shift: torch.Tensor
         raise ValueError(
             f"scale/shift must have {n} entries, got {tuple(scale.shape)}/{tuple(shift.shape)}"
         )
-    folded = copy.deepcopy(module)
+    folded = _copy_without_tensors(module)
     weight: torch.Tensor = module.weight  # type: ignore[assignment]
     transposed = type(module) in CONV_TRANSPOSE_TYPES
     groups = int(getattr(module, "groups", 1))

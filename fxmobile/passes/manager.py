@@ -103,15 +103,19 @@ class FxPassManager(PassManager[fx.GraphModule]):
     ) -> None:
         super().__init__(passes, blocklist)
         self.example_inputs = example_inputs
+        self._shapes_fresh = False
 
     def apply(self, p: FxPass, unit: fx.GraphModule) -> tuple[fx.GraphModule, ResultLike]:
-        if p.needs_shapes:
+        if p.needs_shapes and not self._shapes_fresh:
             self._propagate_shapes(unit)
+            self._shapes_fresh = True
         with torch.no_grad():
             result = p.call(unit)
         gm = result.graph_module
         gm.graph.lint()
         gm.recompile()
+        if result.rewrites:  # a pass that rewrote nothing left every node's metadata valid
+            self._shapes_fresh = False
         return gm, result
 
     def measure(self, unit: fx.GraphModule) -> tuple[int, int]:

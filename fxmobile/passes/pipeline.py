@@ -1,8 +1,17 @@
-"""The default order of the FX passes: one tuple, in one place."""
+"""The default order of the FX passes: one tuple, in one place.
+
+Removals first (so folding sees producers and their consumers directly), then BatchNorm folding
+into producers; a BatchNorm that could not fold becomes ``x * s + t``, which constant-arithmetic
+folding can still push into a producer (a Linear followed by BatchNorm1d ends up fully folded);
+dead code last.
+"""
 
 from __future__ import annotations
 
+from fxmobile.passes.decompose_batchnorm import DecomposeBatchNorm
 from fxmobile.passes.eliminate_dead_code import EliminateDeadCode
+from fxmobile.passes.fold_batchnorm import FoldBatchNorm
+from fxmobile.passes.fold_conv_arithmetic import FoldConvArithmetic
 from fxmobile.passes.infra import FxPass
 from fxmobile.passes.remove_dropout import RemoveDropout
 from fxmobile.passes.remove_identity import RemoveIdentity
@@ -10,6 +19,9 @@ from fxmobile.passes.remove_identity import RemoveIdentity
 DEFAULT_FX_PASSES: tuple[type[FxPass], ...] = (
     RemoveDropout,
     RemoveIdentity,
+    FoldBatchNorm,
+    DecomposeBatchNorm,
+    FoldConvArithmetic,
     EliminateDeadCode,
 )
 
