@@ -1,9 +1,11 @@
 """The default order of the FX passes: one tuple, in one place.
 
-Removals first (so folding sees producers and their consumers directly), then BatchNorm folding
+Removals first (so folding sees producers and their consumers directly), then constant folding
+(a weight computed from parameters becomes a plain attribute that later folds can use), then
+BatchNorm folding
 into producers; a BatchNorm that could not fold becomes ``x * s + t``, which constant-arithmetic
 folding can still push into a producer (a Linear followed by BatchNorm1d ends up fully folded);
-dead code last.
+dead code last. Channels-last is opt-in and runs after everything that rewrites weights.
 """
 
 from __future__ import annotations
@@ -11,14 +13,17 @@ from __future__ import annotations
 from fxmobile.passes.decompose_batchnorm import DecomposeBatchNorm
 from fxmobile.passes.eliminate_dead_code import EliminateDeadCode
 from fxmobile.passes.fold_batchnorm import FoldBatchNorm
+from fxmobile.passes.fold_constants import FoldConstants
 from fxmobile.passes.fold_conv_arithmetic import FoldConvArithmetic
 from fxmobile.passes.infra import FxPass
 from fxmobile.passes.remove_dropout import RemoveDropout
 from fxmobile.passes.remove_identity import RemoveIdentity
+from fxmobile.passes.to_channels_last import ToChannelsLast
 
 DEFAULT_FX_PASSES: tuple[type[FxPass], ...] = (
     RemoveDropout,
     RemoveIdentity,
+    FoldConstants,
     FoldBatchNorm,
     DecomposeBatchNorm,
     FoldConvArithmetic,
@@ -29,4 +34,6 @@ DEFAULT_FX_PASSES: tuple[type[FxPass], ...] = (
 def fx_pipeline(*, channels_last: bool = False) -> tuple[FxPass, ...]:
     """Fresh instances of the default passes, plus the opt-in ones asked for."""
     passes: list[FxPass] = [cls() for cls in DEFAULT_FX_PASSES]
+    if channels_last:
+        passes.append(ToChannelsLast())
     return tuple(passes)
