@@ -35,3 +35,11 @@ class PassError(FxMobileError, RuntimeError):
 
 class NumericsError(FxMobileError, RuntimeError):
     """The optimized model's outputs differ from eager beyond the tolerance."""
+
+
+class ScriptingError(FxMobileError, RuntimeError):
+    """The model could not be turned into TorchScript."""
+
+
+class ScriptModuleError(FxMobileError, RuntimeError):
+    """A TorchScript-level step failed on the given ``ScriptModule``."""

@@ -14,6 +14,7 @@ import inspect
 import operator
 import os
 import traceback
+import typing
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,17 +89,8 @@ def capture(
     instead of refusing a model that is still training.
     """
     check_module(model)
-    training = training_submodules(model)
+    training = require_eval(model, eval_copy)
     notes: list[str] = []
-    if training and not eval_copy:
-        shown = ", ".join(training[:8]) + (
-            f" and {len(training) - 8} more" if len(training) > 8 else ""
-        )
-        raise TrainingModeError(
-            f"{type(model).__name__} is in training mode ({len(training)} submodules: {shown}); "
-            f"mobile optimization folds inference-time constants and needs eval mode. "
-            f"Call model.eval() first, or pass eval_copy=True to optimize an eval-mode copy."
-        )
     leaf_types, leaf_paths = _resolve_leaves(model, leaf_modules)
     copied = _deep_copy(model)
     if training:
@@ -124,6 +116,7 @@ def capture(
     gm = fx.GraphModule(tracer.root, graph, class_name=name)
     if concrete_args:
         _bake_concrete_args(gm, copied, concrete_args)
+    _resolve_string_annotations(gm, copied)
     return Capture(gm, copied, tuple(auto_leaves), tuple(notes))
 
 
@@ -154,11 +147,50 @@ def _bake_concrete_args(gm: fx.GraphModule, root: nn.Module, concrete_args: dict
     gm.recompile()
 
 
+def _resolve_string_annotations(gm: fx.GraphModule, root: nn.Module) -> None:
+    """Evaluate annotations left as strings (``from __future__ import annotations``).
+
+    fx copies them into the generated code as unresolvable names, which TorchScript rejects.
+    One that does not resolve is dropped (TorchScript then assumes ``Tensor``).
+    """
+    if not any(isinstance(n.type, str) for n in gm.graph.nodes):
+        return
+    try:
+        hints = typing.get_type_hints(root.forward)
+    except Exception:
+        hints = {}
+    names = list(inspect.signature(root.forward).parameters)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for name, node in zip(names, placeholders, strict=False):
+        if isinstance(node.type, str):
+            node.type = hints.get(name)
+    for node in gm.graph.nodes:
+        if isinstance(node.type, str):
+            node.type = hints.get("return") if node.op == "output" else None
+    gm.recompile()
+
+
 def _substitute(args: Any, node: fx.Node, value: Any) -> Any:
     def swap(n: fx.Node) -> Any:
         return value if n is node else n
 
     return fx.node.map_arg(args, swap)
+
+
+def require_eval(model: nn.Module, eval_copy: bool) -> list[str]:
+    """The submodules still training; refused (listing them) unless ``eval_copy`` is set."""
+    training = training_submodules(model)
+    if training and not eval_copy:
+        shown = ", ".join(training[:8])
+        if len(training) > 8:
+            shown += f" and {len(training) - 8} more"
+        raise TrainingModeError(
+            f"{type(model).__name__} is in training mode ({len(training)} submodules: "
+            f"{shown}); mobile optimization folds inference-time constants and needs eval "
+            f"mode. Call model.eval() first, or pass eval_copy=True to optimize an eval-mode "
+            f"copy."
+        )
+    return training
 
 
 def check_module(model: object) -> None:

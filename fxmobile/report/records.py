@@ -96,6 +96,11 @@ class Report:
     passes: list[PassRecord] = field(default_factory=list)
     numerics: list[OutputCheck] | None = None
     notes: list[str] = field(default_factory=list)
+    backend: str | None = None
+    # exported operator kinds and their counts, before and after the TorchScript stage
+    ops_before: dict[str, int] | None = None
+    ops_after: dict[str, int] | None = None
+    file_bytes: int | None = None  # size of the lite-interpreter file
 
     @property
     def rewrites(self) -> int:
@@ -122,6 +127,10 @@ class Report:
             "passes": [p.to_dict() for p in self.passes],
             "numerics": None if self.numerics is None else [c.to_dict() for c in self.numerics],
             "notes": list(self.notes),
+            "backend": self.backend,
+            "ops_before": self.ops_before,
+            "ops_after": self.ops_after,
+            "file_bytes": self.file_bytes,
         }
 
     def to_markdown(self) -> str:

@@ -39,9 +39,17 @@ def _pass_rows(report: Report) -> list[list[object]]:
     return rows
 
 
+def _ops_table(report: Report, fmt: str) -> str:
+    before, after = report.ops_before or {}, report.ops_after or {}
+    kinds = sorted(set(before) | set(after), key=lambda k: (-after.get(k, 0), k))
+    rows = [[kind, before.get(kind, 0), after.get(kind, 0)] for kind in kinds]
+    return tabulate(rows, headers=["operator", "before", "after"], tablefmt=fmt)
+
+
 def render(report: Report, fmt: str) -> str:
     """The report as tables in tabulate format ``fmt`` ("simple" for terminals, "github")."""
-    parts = [f"fxmobile report: {report.model_name}"]
+    backend = f" for {report.backend}" if report.backend else ""
+    parts = [f"fxmobile report: {report.model_name}{backend}"]
     parts.append(
         tabulate(
             _pass_rows(report),
@@ -83,5 +91,9 @@ def render(report: Report, fmt: str) -> str:
                 tablefmt=fmt,
             )
         )
+    if report.ops_after is not None:
+        parts.append(_ops_table(report, fmt))
+    if report.file_bytes is not None:
+        parts.append(f"lite-interpreter file: {_bytes(report.file_bytes)}")
     parts.extend(f"note: {note}" for note in report.notes)
     return "\n\n".join(parts)

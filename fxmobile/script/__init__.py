@@ -1,0 +1,1 @@
+"""The TorchScript stage: scripting, freezing and the rewrites every backend shares."""

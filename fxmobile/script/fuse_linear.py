@@ -1,0 +1,95 @@
+"""Recover ``aten::linear`` from the forms a frozen graph may hold it in.
+
+    addmm(b, x, W.t())          -> linear(x, W, b)      # torch's FuseLinear, weight not constant
+    matmul(x, W.t()) + b        -> linear(x, W, b)
+    addmm(b, x, C)              -> linear(x, C.t(), b)  # C constant 2-D; beta = alpha = 1
+    add(matmul(x, C), b)        -> linear(x, C.t(), b)  # b constant 1-D of C's width
+    matmul(x, C)                -> linear(x, C.t())
+
+Freezing folds ``W.t()`` into a constant, which hides the first two forms from torch's pass
+(and from upstream, which runs it after freezing): the constant forms are matched here, with
+the transposed weight made contiguous once. Backends prepack ``aten::linear`` only, so this runs
+before them; upstream does it inside ``INSERT_FOLD_PREPACK_OPS``, which also switches it off here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fxmobile.options import MobileOptimizerType
+from fxmobile.script.graph_utils import iter_nodes, method_graphs
+from fxmobile.script.infra import CountingScriptPass, ScriptContext
+from fxmobile.script.jit_passes import jit
+
+
+def _constant(value: torch._C.Value) -> Any:
+    return value.toIValue() if value.node().kind() == "prim::Constant" else None
+
+
+def _linear_operands(node: torch._C.Node) -> tuple[Any, Any, Any] | None:
+    """(x, weight, bias) values and constants for a constant-weight linear form, else None."""
+    inputs = list(node.inputs())
+    if node.kind() == "aten::addmm":
+        bias, x, mat = inputs[0], inputs[1], _constant(inputs[2])
+        if _constant(inputs[3]) != 1 or _constant(inputs[4]) != 1:
+            return None
+        b = _constant(bias)
+    elif node.kind() == "aten::add" and inputs[0].node().kind() == "aten::matmul":
+        matmul = inputs[0].node()
+        if len(inputs[0].uses()) != 1 or _constant(inputs[2]) != 1:
+            return None
+        x, mat, b = matmul.inputsAt(0), _constant(matmul.inputsAt(1)), _constant(inputs[1])
+    elif node.kind() == "aten::matmul":
+        x, mat, b = inputs[0], _constant(inputs[1]), None
+    else:
+        return None
+    if not isinstance(mat, torch.Tensor) or mat.dim() != 2 or not mat.is_floating_point():
+        return None
+    if node.kind() != "aten::matmul":
+        if not isinstance(b, torch.Tensor) or b.dim() != 1 or b.shape[0] != mat.shape[1]:
+            return None
+        if b.dtype != mat.dtype:
+            return None
+    return x, mat.t().contiguous(), b
+
+
+def fuse_constant_linears(graph: torch._C.Graph) -> None:
+    # Additions first, so a matmul takes its bias along; then the matmuls left alone.
+    for kinds in ({"aten::addmm", "aten::add"}, {"aten::matmul"}):
+        _fuse(graph, kinds)
+
+
+def _fuse(graph: torch._C.Graph, kinds: set[str]) -> None:
+    g: Any = graph  # torch's stubs omit Graph.insertConstant
+    for node in list(iter_nodes(graph)):
+        if node.kind() not in kinds:
+            continue
+        operands = _linear_operands(node)
+        if operands is None:
+            continue
+        x, weight, bias = operands
+        if node.kind() == "aten::addmm" and x.type().dim() not in (None, 2):
+            continue
+        with graph.insert_point_guard(node):
+            linear = g.insert("aten::linear", [x, g.insertConstant(weight), g.insertConstant(bias)])
+        linear.setType(node.output().type())
+        node.output().replaceAllUsesWith(linear)
+        matmul = node.inputsAt(0).node() if node.kind() == "aten::add" else None
+        node.destroy()
+        if matmul is not None and not matmul.output().uses():
+            matmul.destroy()
+
+
+class FuseLinear(CountingScriptPass):
+    optimization = MobileOptimizerType.INSERT_FOLD_PREPACK_OPS
+    pass_name = "fuse_linear"
+    summary = "addmm / matmul (+ add) -> aten::linear"
+    created = frozenset({"aten::linear"})
+
+    def rewrite(self, module: torch.jit.ScriptModule, ctx: ScriptContext) -> torch.jit.ScriptModule:
+        for graph in method_graphs(module, ctx.methods):
+            jit._jit_pass_fuse_linear(graph)
+            fuse_constant_linears(graph)
+        return module

@@ -1,0 +1,124 @@
+"""Reading TorchScript modules: methods, nodes (blocks included), op histograms, tensor bytes."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from fxmobile.script.jit_passes import jit
+
+ScriptModule = torch.jit.ScriptModule
+
+# Node kinds that are bookkeeping, not work a runtime dispatches to a kernel.
+_BOOKKEEPING = frozenset(
+    {
+        "prim::Constant",
+        "prim::GetAttr",
+        "prim::ListConstruct",
+        "prim::ListUnpack",
+        "prim::TupleConstruct",
+        "prim::TupleUnpack",
+        "prim::DictConstruct",
+        "prim::Return",
+        "prim::Param",
+    }
+)
+
+
+def iter_nodes(graph: torch._C.Graph) -> Iterator[torch._C.Node]:
+    """Every node of ``graph``, descending into the blocks of ``prim::If`` and ``prim::Loop``."""
+    stack = [graph.block()]
+    while stack:
+        block = stack.pop()
+        for node in block.nodes():
+            yield node
+            stack.extend(node.blocks())
+
+
+def method_graphs(module: ScriptModule, methods: Sequence[str]) -> Iterator[torch._C.Graph]:
+    for name in methods:
+        yield module._c._get_method(name).graph
+
+
+def existing_methods(module: ScriptModule, names: Sequence[str]) -> list[str]:
+    return [name for name in names if module._c._has_method(name)]
+
+
+def op_histogram(module: ScriptModule, methods: Sequence[str]) -> Counter[str]:
+    """Counts of operator kinds across ``methods`` (inlined: submodule calls are expanded)."""
+    counts: Counter[str] = Counter()
+    for name in methods:
+        graph = module._c._get_method(name).inlined_graph
+        for node in iter_nodes(graph):
+            if node.kind() not in _BOOKKEEPING:
+                counts[node.kind()] += 1
+    return counts
+
+
+def count_kinds(module: ScriptModule, methods: Sequence[str], kinds: set[str]) -> int:
+    """Nodes of the given kinds in ``methods``, submodule calls inlined."""
+    return sum(
+        1
+        for name in methods
+        for n in iter_nodes(module._c._get_method(name).inlined_graph)
+        if n.kind() in kinds
+    )
+
+
+def node_count(module: ScriptModule, methods: Sequence[str]) -> int:
+    return sum(
+        1
+        for g in method_graphs(module, methods)
+        for n in iter_nodes(g)
+        if n.kind() not in _BOOKKEEPING
+    )
+
+
+def _tensors_in(value: object) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from _tensors_in(v)
+    elif isinstance(value, torch.ScriptObject) and _is_custom_class(value):
+        yield from _tensors_in(value.__getstate__())
+
+
+def _is_custom_class(value: torch.ScriptObject) -> bool:
+    """A C++ custom class object (a packed context), as opposed to a submodule."""
+    qualified: str = value._type().qualified_name()
+    return qualified.startswith("__torch__.torch.classes.") and bool(
+        value._has_method("__getstate__")  # type: ignore[attr-defined]
+    )
+
+
+def tensor_bytes(module: ScriptModule, methods: Sequence[str]) -> int:
+    """Bytes of tensors held by the module: attributes, packed contexts and graph constants.
+
+    Each storage is counted once, so a weight both in an attribute and a constant counts once.
+    """
+    seen: set[int] = set()
+    total = 0
+
+    def add(t: torch.Tensor) -> None:
+        nonlocal total
+        storage = t.untyped_storage()
+        if storage.data_ptr() in seen:
+            return
+        seen.add(storage.data_ptr())
+        total += storage.nbytes()
+
+    for _, value in jit._jit_debug_module_iterators(module._c)["named_attributes_r"]:
+        for t in _tensors_in(value):
+            add(t)
+    for g in method_graphs(module, methods):
+        for node in iter_nodes(g):
+            if node.kind() == "prim::Constant" and node.hasAttribute("value"):
+                if node.kindOf("value") == "t":
+                    add(node.t("value"))
+                elif node.kindOf("value") == "ival":
+                    for t in _tensors_in(node.ival("value")):
+                        add(t)
+    return total

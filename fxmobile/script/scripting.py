@@ -1,0 +1,71 @@
+"""Turning the FX result into TorchScript: script it, or trace it when scripting fails.
+
+``torch.jit.script`` is tried first because it keeps control flow. FX writes the original
+forward's return annotation into the generated code, which breaks scripting when the eager
+forward was annotated with a type it does not return in eval mode (torchvision's googlenet and
+inception_v3 annotate a namedtuple and return a tensor): the annotation is dropped, and
+TorchScript infers the return type. When scripting still fails and example inputs were given,
+the module is traced instead and the report says so.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any
+
+import torch
+from torch import fx
+
+from fxmobile.errors import ScriptingError
+
+
+def quietly_script(module: torch.nn.Module) -> torch.jit.ScriptModule:
+    """``torch.jit.script`` without its deprecation warning: fxmobile needs TorchScript.
+
+    The result shares compiled types (and so method graphs) with every other scripted
+    instance of the same classes: never rewrite its graphs in place before freezing, which
+    gives the frozen module types of its own.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.script. is deprecated")
+        return torch.jit.script(module)
+
+
+def clone_script_module(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
+    """A copy of the module's state (attributes, training flags); it shares the types."""
+    return copy.deepcopy(module)
+
+
+def _drop_return_annotation(gm: fx.GraphModule) -> None:
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            node.type = None
+    gm.recompile()
+
+
+def to_torchscript(
+    gm: fx.GraphModule, example_inputs: tuple[Any, ...] | None
+) -> tuple[torch.jit.ScriptModule, str | None]:
+    """A ``ScriptModule`` for ``gm``, and a note when it had to be traced instead of scripted."""
+    _drop_return_annotation(gm)
+    try:
+        return quietly_script(gm), None
+    except Exception as exc:
+        reason = str(exc).strip().splitlines()
+        first = reason[0] if reason else type(exc).__name__
+        if example_inputs is None:
+            raise ScriptingError(
+                f"torch.jit.script could not compile the optimized {type(gm).__name__}: "
+                f"{exc}\nFix: pass example_inputs so fxmobile can trace it instead, or mark the "
+                f"submodule named above as a leaf and make it scriptable."
+            ) from exc
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.trace. is deprecated")
+        traced = torch.jit.trace(gm, example_inputs, check_trace=False, strict=False)
+    note = (
+        f"scripting failed ({first}); traced with the example inputs instead, so control "
+        f"flow is fixed to the path those inputs took"
+    )
+    return traced, note
