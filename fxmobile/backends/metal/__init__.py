@@ -1,0 +1,1 @@
+"""Metal backend: its rewrite passes and, under csrc/, its op registrations for fxmobile._C."""

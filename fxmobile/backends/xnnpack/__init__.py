@@ -1,0 +1,1 @@
+"""XNNPACK (CPU) backend: its rewrite passes and, in csrc/, its op registrations (fxmobile._C)."""

@@ -1,0 +1,522 @@
+"""The CPU kernels of every prepacked op match the ATen ops they stand for.
+
+Each ``*_run`` op equals its eager reference, computed in float64: ``F.conv2d`` /
+``F.conv_transpose2d`` / ``F.linear`` followed by ``clamp`` (bounds None, one-sided, both),
+``F.conv1d``, ``F.layer_norm``, ``F.batch_norm``, ``torch.gru``, ``torch.lstm``. Convolutions
+are swept (hypothesis, derandomized) over strides, padding, dilation, groups (depthwise
+included), output padding, bias and both input memory formats; the explicit cases below pin
+each execution path of the convolution kernel (1x1 GEMM, oneDNN on channels-last, oneDNN on
+large strided NCHW, the ATen fallback) and the refusals upstream makes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from fxmobile.backends.library import registration_status
+from tests.helpers import assert_equivalent
+
+ops = torch.ops
+SWEEP = settings(max_examples=40, derandomize=True, database=None, deadline=None)
+CLAMPS = [(None, None), (0.0, None), (None, 0.5), (-0.5, 0.5), (0.0, 6.0)]
+Clamp = tuple[float | None, float | None]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _registered() -> None:
+    registration_status()
+
+
+def _rand(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def _clamped(y: torch.Tensor, clamp: Clamp) -> torch.Tensor:
+    lo, hi = clamp
+    return y if lo is None and hi is None else y.clamp(lo, hi)
+
+
+def _d(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.double()
+
+
+def _layout(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+
+
+# --- conv2d ------------------------------------------------------------------------------
+
+
+def _conv2d_runs(
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+    clamp: Clamp,
+) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    """The conv2d run op of every family, prepacked with the same arguments."""
+    lo, hi = clamp
+    xnn = ops.prepacked.conv2d_clamp_prepack(w, b, stride, padding, dilation, groups, lo, hi)
+    vk = ops.vulkan_prepack.create_conv2d_context(w, b, stride, padding, dilation, groups, lo, hi)
+    mtl = ops.metal_prepack.conv2d_prepack(w, b, stride, padding, dilation, groups, lo, hi)
+    return {
+        "xnnpack": lambda x: ops.prepacked.conv2d_clamp_run(x, xnn),
+        "vulkan": lambda x: ops.vulkan_prepack.run_conv2d_context(x, vk),
+        "metal": lambda x: ops.metal_prepack.conv2d_run(x, mtl),
+    }
+
+
+def _check_conv2d(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+    clamp: Clamp,
+) -> None:
+    def reference(x: torch.Tensor) -> torch.Tensor:
+        y = F.conv2d(x.double(), w.double(), _d(b), stride, padding, dilation, groups)
+        return _clamped(y, clamp)
+
+    for family, run in _conv2d_runs(w, b, stride, padding, dilation, groups, clamp).items():
+        try:
+            assert_equivalent(reference, run, x)
+        except AssertionError as e:
+            raise AssertionError(f"{family}: {e}") from e
+
+
+@st.composite
+def conv2d_cases(draw: st.DrawFn) -> dict[str, Any]:
+    kind = draw(st.sampled_from(["dense", "grouped", "depthwise"]))
+    if kind == "dense":
+        groups, cin, cout = 1, draw(st.integers(1, 5)), draw(st.integers(1, 6))
+    elif kind == "grouped":
+        groups = draw(st.integers(2, 3))
+        cin, cout = groups * draw(st.integers(1, 3)), groups * draw(st.integers(1, 3))
+    else:
+        groups = cin = draw(st.integers(1, 8))
+        cout = cin * draw(st.integers(1, 2))
+    kernel = [draw(st.integers(1, 3)), draw(st.integers(1, 3))]
+    stride = [draw(st.integers(1, 3)), draw(st.integers(1, 3))]
+    padding = [draw(st.integers(0, 2)), draw(st.integers(0, 2))]
+    dilation = [draw(st.integers(1, 2)), draw(st.integers(1, 2))]
+    size = [
+        max(1, (k - 1) * d + 1 - 2 * p) + draw(st.integers(0, 6))
+        for k, d, p in zip(kernel, dilation, padding, strict=True)
+    ]
+    return {
+        "x": (draw(st.integers(1, 2)), cin, *size),
+        "w": (cout, cin // groups, *kernel),
+        "bias": draw(st.booleans()),
+        "stride": stride,
+        "padding": padding,
+        "dilation": dilation,
+        "groups": groups,
+        "clamp": draw(st.sampled_from(CLAMPS)),
+        "channels_last": draw(st.booleans()),
+    }
+
+
+@SWEEP
+@given(conv2d_cases())
+def test_conv2d_sweep(case: dict[str, Any]) -> None:
+    w = _rand(*case["w"], seed=1)
+    b = _rand(case["w"][0], seed=2) if case["bias"] else None
+    x = _layout(_rand(*case["x"], seed=3), case["channels_last"])
+    _check_conv2d(
+        x, w, b, case["stride"], case["padding"], case["dilation"], case["groups"], case["clamp"]
+    )
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize(
+    "size",
+    [(1, 6, 3, 3), (1, 16, 12, 10), (2, 8, 9, 9)],
+    ids=["tiny-image", "gemm", "gemm-batch2"],
+)
+@pytest.mark.parametrize("clamp", [(None, None), (0.0, 6.0)], ids=["noclamp", "relu6"])
+def test_conv2d_1x1_paths(size: tuple[int, ...], channels_last: bool, clamp: Clamp) -> None:
+    """1x1 convolutions: GEMM on NCHW data, oneDNN on channels-last or tiny images."""
+    w, b = _rand(12, size[1], 1, 1, seed=4), _rand(12, seed=5)
+    x = _layout(_rand(*size, seed=6), channels_last)
+    _check_conv2d(x, w, b, [1, 1], [0, 0], [1, 1], 1, clamp)
+    y = ops.prepacked.conv2d_clamp_run(
+        x, ops.prepacked.conv2d_clamp_prepack(w, b, [1], [0], [1], 1)
+    )
+    nchw_gemm = not channels_last and size[2] * size[3] >= 64
+    assert y.is_contiguous() if nchw_gemm else y.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_conv2d_large_strided_nchw_runs_on_nchw() -> None:
+    """A large NCHW input to a strided conv is convolved in place, not transposed first."""
+    x = _rand(1, 16, 256, 256, seed=7)  # 2**20 elements
+    w, b = _rand(16, 1, 3, 3, seed=8), _rand(16, seed=9)
+    _check_conv2d(x, w, b, [2, 2], [1, 1], [1, 1], 16, (0.0, 6.0))
+    ctx = ops.prepacked.conv2d_clamp_prepack(w, b, [2, 2], [1, 1], [1, 1], 16)
+    assert ops.prepacked.conv2d_clamp_run(x, ctx).is_contiguous()
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+def test_conv2d_single_channel_input(channels_last: bool) -> None:
+    """One input channel, output width 1, horizontal stride 2: oneDNN's channels-last
+    convolution gets this wrong, so the kernel must not send it there."""
+    x = _layout(_rand(3, 1, 5, 4, seed=37), channels_last)
+    w, b = _rand(2, 1, 2, 3, seed=38), _rand(2, seed=39)
+    _check_conv2d(x, w, b, [1, 2], [0, 0], [1, 1], 1, (None, None))
+
+
+def test_conv2d_any_strides_and_dtypes() -> None:
+    w, b = _rand(4, 3, 3, 3, seed=10), _rand(4, seed=11)
+    strided = _rand(2, 3, 12, 10, seed=12)[:, :, ::2]  # neither NCHW- nor channels-last-contiguous
+    _check_conv2d(strided, w, b, [1, 1], [1, 1], [1, 1], 1, (0.0, None))
+    # float64 throughout takes ATen's convolution
+    x64, w64, b64 = (t.double() for t in (_rand(1, 3, 6, 6, seed=13), w, b))
+    got = ops.prepacked.conv2d_clamp_run(
+        x64, ops.prepacked.conv2d_clamp_prepack(w64, b64, [1], [1], [1], 1)
+    )
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, F.conv2d(x64, w64, b64, 1, 1), rtol=1e-12, atol=1e-12)
+
+
+def test_conv2d_accepts_parameters_and_int_params() -> None:
+    conv = torch.nn.Conv2d(3, 4, 3, stride=2, padding=1)
+    ctx = ops.prepacked.conv2d_clamp_prepack(
+        conv.weight, conv.bias, [2, 2], [1, 1], [1, 1], 1, 0, 6
+    )
+    x = _rand(1, 3, 9, 9, seed=14)
+    with torch.no_grad():
+        expected = conv(x).clamp(0, 6)
+    torch.testing.assert_close(ops.prepacked.conv2d_clamp_run(x, ctx), expected)
+
+
+def test_unordered_clamp_follows_torch_clamp() -> None:
+    """Vulkan and Metal accept min > max; torch.clamp then gives max everywhere."""
+    w = _rand(4, 3, 3, 3, seed=15)
+    ctx = ops.vulkan_prepack.create_conv2d_context(w, None, [1, 1], [1, 1], [1, 1], 1, 1.0, -1.0)
+    x = _rand(1, 3, 5, 5, seed=16)
+    assert torch.equal(
+        ops.vulkan_prepack.run_conv2d_context(x, ctx), torch.full((1, 4, 5, 5), -1.0)
+    )
+
+
+# --- conv_transpose2d ---------------------------------------------------------------------
+
+
+@st.composite
+def tconv_cases(draw: st.DrawFn) -> dict[str, Any]:
+    groups = draw(st.integers(1, 2))
+    cin, cout_g = groups * draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    kernel = [draw(st.integers(1, 3)), draw(st.integers(1, 3))]
+    stride = [draw(st.integers(1, 3)), draw(st.integers(1, 3))]
+    dilation = [draw(st.integers(1, 2)), draw(st.integers(1, 2))]
+    padding = [draw(st.integers(0, (k - 1) * d)) for k, d in zip(kernel, dilation, strict=True)]
+    output_padding = [
+        draw(st.integers(0, max(s, d) - 1)) for s, d in zip(stride, dilation, strict=True)
+    ]
+    size = [draw(st.integers(1, 6)), draw(st.integers(1, 6))]
+    for i in range(2):  # the output must not be empty
+        out = (size[i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (kernel[i] - 1)
+        assume(out + output_padding[i] + 1 >= 1)
+    return {
+        "x": (draw(st.integers(1, 2)), cin, *size),
+        "w": (cin, cout_g, *kernel),
+        "bias": draw(st.booleans()),
+        "stride": stride,
+        "padding": padding,
+        "output_padding": output_padding,
+        "dilation": dilation,
+        "groups": groups,
+        "clamp": draw(st.sampled_from(CLAMPS)),
+        "channels_last": draw(st.booleans()),
+    }
+
+
+@SWEEP
+@given(tconv_cases())
+def test_conv_transpose2d_sweep(case: dict[str, Any]) -> None:
+    w = _rand(*case["w"], seed=17)
+    b = _rand(case["w"][1] * case["groups"], seed=18) if case["bias"] else None
+    x = _layout(_rand(*case["x"], seed=19), case["channels_last"])
+    s, p, op, d, g = (
+        case[k] for k in ("stride", "padding", "output_padding", "dilation", "groups")
+    )
+    lo, hi = case["clamp"]
+
+    def reference(x: torch.Tensor) -> torch.Tensor:
+        y = F.conv_transpose2d(x.double(), w.double(), _d(b), s, p, op, g, d)
+        return _clamped(y, case["clamp"])
+
+    xnn = ops.prepacked.conv2d_transpose_clamp_prepack(w, b, s, p, op, d, g, lo, hi)
+    vk = ops.vulkan_prepack.create_tconv2d_context(w, b, s, p, op, d, g, lo, hi)
+    assert_equivalent(reference, lambda x: ops.prepacked.conv2d_transpose_clamp_run(x, xnn), x)
+    assert_equivalent(reference, lambda x: ops.vulkan_prepack.run_tconv2d_context(x, vk), x)
+
+
+# --- linear -------------------------------------------------------------------------------
+
+
+@SWEEP
+@given(
+    st.integers(1, 40),
+    st.integers(1, 40),
+    st.sampled_from([(), (1,), (3,), (2, 3)]),
+    st.booleans(),
+    st.sampled_from(CLAMPS),
+)
+def test_linear_sweep(
+    in_f: int, out_f: int, lead: tuple[int, ...], bias: bool, clamp: Clamp
+) -> None:
+    w, b = _rand(out_f, in_f, seed=20), (_rand(out_f, seed=21) if bias else None)
+    x = _rand(*lead, in_f, seed=22)
+    lo, hi = clamp
+
+    def reference(x: torch.Tensor) -> torch.Tensor:
+        return _clamped(F.linear(x.double(), w.double(), _d(b)), clamp)
+
+    xnn = ops.prepacked.linear_clamp_prepack(w, b, lo, hi)
+    mtl = ops.metal_prepack.linear_prepack(w, b, lo, hi)
+    assert_equivalent(reference, lambda x: ops.prepacked.linear_clamp_run(x, xnn), x)
+    assert_equivalent(reference, lambda x: ops.metal_prepack.linear_run(x, mtl), x)
+    if clamp == (None, None):  # Vulkan linear has no clamp; its weight comes transposed
+        vk = ops.vulkan_prepack.create_linear_context(w.t(), b)
+        assert_equivalent(reference, lambda x: ops.vulkan_prepack.run_linear_context(x, vk), x)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_linear_single_row_split_over_threads(threads: int) -> None:
+    """A one-row input with a large weight takes the threaded GEMV path."""
+    w, b = _rand(300, 512, seed=23), _rand(300, seed=24)
+    x = _rand(1, 512, seed=25)
+    ctx = ops.prepacked.linear_clamp_prepack(w, b, -1.0, 1.0)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert_equivalent(
+            lambda x: F.linear(x.double(), w.double(), b.double()).clamp(-1, 1),
+            lambda x: ops.prepacked.linear_clamp_run(x, ctx),
+            x,
+        )
+    finally:
+        torch.set_num_threads(before)
+
+
+# --- Vulkan-only kernels ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("stride", "padding", "dilation", "groups", "bias"),
+    [(1, 0, 1, 1, True), (2, 1, 1, 2, False), (1, 2, 2, 1, True), (3, 1, 2, 4, True)],
+)
+def test_conv1d(stride: int, padding: int, dilation: int, groups: int, bias: bool) -> None:
+    w = _rand(8, 8 // groups, 3, seed=26)
+    b = _rand(8, seed=27) if bias else None
+    ctx = ops.vulkan_prepack.create_conv1d_context(w, b, [stride], [padding], [dilation], groups)
+    x = _rand(2, 8, 13, seed=28)
+    assert_equivalent(
+        lambda x: F.conv1d(x.double(), w.double(), _d(b), stride, padding, dilation, groups),
+        lambda x: ops.vulkan_prepack.run_conv1d_context(x, ctx),
+        x,
+    )
+
+
+@pytest.mark.parametrize("normalized", [[6], [4, 6]])
+def test_layer_norm(normalized: list[int]) -> None:
+    w, b = _rand(*normalized, seed=29), _rand(*normalized, seed=30)
+    ctx = ops.vulkan_prepack.create_layernorm_context(w, b, 1e-3)
+    x = _rand(2, 3, 4, 6, seed=31)
+    assert_equivalent(
+        lambda x: F.layer_norm(x.double(), normalized, w.double(), b.double(), 1e-3),
+        lambda x: ops.vulkan_prepack.run_layernorm_context(x, normalized, ctx),
+        x,
+    )
+
+
+@pytest.mark.parametrize("shape", [(4, 5), (2, 5, 7), (2, 5, 3, 3)])
+def test_batch_norm(shape: tuple[int, ...]) -> None:
+    w, b, mean = (_rand(5, seed=s) for s in (32, 33, 34))
+    var = _rand(5, seed=35).abs() + 0.1
+    ctx = ops.vulkan_prepack.create_batchnorm_context(w, b, mean, var, False, 0.1, 1e-5, True)
+    x = _rand(*shape, seed=36)
+    assert_equivalent(
+        lambda x: F.batch_norm(
+            x.double(), mean.double(), var.double(), w.double(), b.double(), False, 0.1, 1e-5
+        ),
+        lambda x: ops.vulkan_prepack.run_batchnorm_context(x, ctx),
+        x,
+    )
+
+
+def _rnn_params(layers: int, gates: int, inp: int, hidden: int) -> list[torch.Tensor]:
+    params = []
+    for layer in range(layers):
+        size_in = inp if layer == 0 else hidden
+        params += [
+            _rand(gates * hidden, size_in, seed=40 + layer),
+            _rand(gates * hidden, hidden, seed=50 + layer),
+            _rand(gates * hidden, seed=60 + layer),
+            _rand(gates * hidden, seed=70 + layer),
+        ]
+    return params
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize(("batch", "seq", "batch_first"), [(3, 5, True), (1, 1, False)])
+def test_gru(layers: int, batch: int, seq: int, batch_first: bool) -> None:
+    params = _rnn_params(layers, 3, 4, 6)
+    ctx = ops.vulkan_prepack.create_gru_context(
+        params, True, layers, 0.0, False, False, batch_first
+    )
+    x, h = _rand(batch, seq, 4, seed=80), _rand(layers, batch, 6, seed=81)
+    p64 = [p.double() for p in params]
+    assert_equivalent(
+        lambda x, h: torch.gru(
+            x.double(), h.double(), p64, True, layers, 0.0, False, False, batch_first
+        ),
+        lambda x, h: ops.vulkan_prepack.run_gru_context(x, h, ctx),
+        x,
+        h,
+    )
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize(("batch", "seq", "batch_first"), [(3, 5, True), (1, 1, False)])
+def test_lstm(layers: int, batch: int, seq: int, batch_first: bool) -> None:
+    params = _rnn_params(layers, 4, 4, 6)
+    ctx = ops.vulkan_prepack.create_lstm_context(
+        params, True, layers, 0.0, False, False, batch_first
+    )
+    x = _rand(batch, seq, 4, seed=82)
+    h, c = _rand(layers, batch, 6, seed=83), _rand(layers, batch, 6, seed=84)
+    p64 = [p.double() for p in params]
+    assert_equivalent(
+        lambda x, h, c: torch.lstm(
+            x.double(), (h.double(), c.double()), p64, True, layers, 0.0, False, False, batch_first
+        ),
+        lambda x, h, c: ops.vulkan_prepack.run_lstm_context(x, h, c, ctx),
+        x,
+        h,
+        c,
+    )
+
+
+# --- sizes ops and refusals ---------------------------------------------------------------
+
+
+def test_unpack_prepacked_sizes() -> None:
+    conv = ops.prepacked.conv2d_clamp_prepack(
+        _rand(6, 2, 3, 1, seed=90), _rand(6, seed=91), [2, 1], [1, 0], [1, 1], 2, 0.0, 6.0
+    )
+    assert ops.prepacked.unpack_prepacked_sizes_conv2d(conv) == (
+        [6, 2, 3, 1],
+        [6],
+        [2, 1],
+        [1, 0],
+        [1, 1],
+        2,
+    )
+    lin = ops.prepacked.linear_clamp_prepack(_rand(5, 7, seed=92))
+    assert ops.prepacked.unpack_prepacked_sizes_linear(lin) == ([5, 7], None)
+    with pytest.raises(RuntimeError, match=r"expected a xnnpack\.Conv2dOpContext"):
+        ops.prepacked.unpack_prepacked_sizes_conv2d(lin)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: ops.prepacked.linear_clamp_prepack(_rand(3, 2, seed=1), None, 1.0, 1.0),
+            "linear_clamp_prepack: output_max must be greater than output_min",
+        ),
+        (
+            lambda: ops.prepacked.conv2d_clamp_prepack(
+                _rand(3, 2, 3, seed=1), None, [1], [0], [1], 1
+            ),
+            "conv2d_clamp_prepack: expected a 4-D weight",
+        ),
+        (
+            lambda: ops.prepacked.conv2d_clamp_run(
+                _rand(1, 5, 4, 4, seed=1),
+                ops.prepacked.conv2d_clamp_prepack(
+                    _rand(3, 2, 1, 1, seed=1), None, [1], [0], [1], 1
+                ),
+            ),
+            "conv2d_clamp_run: the input has 5 channels",
+        ),
+        (
+            lambda: ops.prepacked.linear_clamp_run(
+                _rand(2, 3, seed=1), ops.prepacked.linear_clamp_prepack(_rand(4, 2, seed=1))
+            ),
+            "linear_clamp_run: expected an input whose last dimension is in_features = 2",
+        ),
+        (
+            lambda: ops.vulkan_prepack.create_layernorm_context(None, None, 1e-5),
+            "create_layernorm_context: Weight must be provided",
+        ),
+        (
+            lambda: ops.vulkan_prepack.create_gru_context(
+                _rnn_params(1, 3, 2, 2), True, 1, 0.0, False, True, True
+            ),
+            "expects 'bidirectional' to be false",
+        ),
+        (
+            lambda: ops.vulkan_prepack.create_lstm_context(
+                _rnn_params(1, 4, 2, 2), True, 2, 0.0, False, False, True
+            ),
+            "expects 'params_cpu' size to be 4 \\* 'num_layers'",
+        ),
+        (
+            lambda: ops.vulkan_prepack.run_gru_context(
+                _rand(2, 3, 2, seed=1),
+                _rand(1, 3, 2, seed=2),
+                ops.vulkan_prepack.create_gru_context(
+                    _rnn_params(1, 3, 2, 2), True, 1, 0.0, False, False, False
+                ),
+            ),
+            "expects batch-first input",
+        ),
+        (
+            lambda: ops.vulkan_prepack.run_conv1d_context(
+                _rand(1, 4, 4, 4, seed=1),
+                ops.vulkan_prepack.create_conv1d_context(
+                    _rand(4, 4, 1, seed=1), None, [1], [0], [1], 1
+                ),
+            ),
+            "run_conv1d_context: expected a 3-D input",
+        ),
+    ],
+    ids=[
+        "empty-clamp-range",
+        "conv-weight-rank",
+        "conv-input-channels",
+        "linear-in-features",
+        "layernorm-no-weight",
+        "gru-bidirectional",
+        "lstm-params-count",
+        "gru-not-batch-first",
+        "conv1d-input-rank",
+    ],
+)
+def test_refusals_name_the_op_and_the_problem(call: Callable[[], object], message: str) -> None:
+    with pytest.raises(RuntimeError, match=message):
+        call()
+
+
+def test_quantized_vulkan_conv_state_is_refused() -> None:
+    ctx = ops.vulkan_prepack.create_conv2d_context(
+        _rand(2, 2, 1, 1, seed=1), None, [1], [0], [1], 1
+    )
+    state = ctx._get_method("__getstate__")()
+    state[6] = True  # the "quantized" flag of create_qconv2d_context
+    with pytest.raises(RuntimeError, match=r"quantized Vulkan convolutions .* are not supported"):
+        ctx._get_method("__setstate__")(state)
