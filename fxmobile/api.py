@@ -10,7 +10,7 @@ import torch
 from torch import fx, nn
 
 from fxmobile.capture import capture
-from fxmobile.capture.trace import LeafSpec
+from fxmobile.capture.trace import LeafSpec, eager_arguments
 from fxmobile.errors import InvalidArgumentError, InvalidValueError
 from fxmobile.options import BlocklistItem, normalize_blocklist
 from fxmobile.passes.manager import FxPassManager
@@ -47,8 +47,7 @@ def optimize_fx(
     upstream's ``torch._C._MobileOptimizerType`` members) to switch passes off.
     """
     blocked = normalize_blocklist(blocklist)
-    if not isinstance(tolerance, float | int) or tolerance < 0:
-        raise InvalidArgumentError(f"tolerance must be a non-negative number, got {tolerance!r}")
+    check_tolerance(tolerance)
     captured = capture(
         model,
         leaf_modules=leaf_modules,
@@ -71,12 +70,26 @@ def optimize_fx(
     return FxResult(gm, report)
 
 
+def check_tolerance(tolerance: object) -> None:
+    """A number (TypeError otherwise) that is finite-or-infinite, not NaN and not negative."""
+    if isinstance(tolerance, bool) or not isinstance(tolerance, float | int):
+        raise InvalidArgumentError(
+            f"tolerance must be a non-negative number (relative error, e.g. 1e-4), got "
+            f"{type(tolerance).__name__} {tolerance!r}"
+        )
+    if not tolerance >= 0:  # also catches NaN
+        raise InvalidValueError(
+            f"tolerance must be a non-negative number (relative error, e.g. 1e-4), got "
+            f"{tolerance!r}; pass tolerance=0 for exact equality"
+        )
+
+
 def _run_eager(
     gm: fx.GraphModule, eager: nn.Module, inputs: tuple[Any, ...], specialized: dict[str, Any]
 ) -> Any:
     names = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
     try:
-        return run_model(eager, inputs, specialized)
+        return run_model(eager, *eager_arguments(eager, inputs, specialized))
     except Exception as exc:
         shapes = [
             tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__ for x in inputs

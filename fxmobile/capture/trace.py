@@ -5,6 +5,10 @@ stage works on that copy. When tracing fails, the error names the innermost subm
 being traced and the user's source line, and suggests the fix (a leaf module or concrete args).
 With ``auto_leaf=True`` each submodule that fails to trace is kept opaque instead, and the
 report lists them.
+
+Before tracing, capture refuses what it cannot optimize faithfully (``fxmobile.capture.checks``).
+After tracing it refuses a forward that changes the module's state (``fxmobile.capture.mutation``)
+or returns None; each refusal names the culprit and the fix.
 """
 
 from __future__ import annotations
@@ -16,15 +20,52 @@ import os
 import traceback
 import typing
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import fx, nn
 
-from fxmobile.errors import CaptureError, InvalidArgumentError, TrainingModeError
+from fxmobile.capture.checks import (
+    LeafSpec,
+    check_concrete_args,
+    check_module,
+    check_tensors,
+    deep_copy,
+    eager_arguments,
+    exported_methods,
+    has_forward,
+    require_eval,
+    require_forward,
+    resolve_leaves,
+    training_submodules,
+)
+from fxmobile.capture.mutation import (
+    GraphWrite,
+    StateChange,
+    StateSnapshot,
+    WriteSeen,
+    WriteWatch,
+    fx_constants,
+    graph_writes,
+    owner_name,
+)
+from fxmobile.errors import CaptureError, InvalidValueError
 
-LeafSpec = type[nn.Module] | nn.Module | str
+__all__ = [  # the checks are re-exported: callers import them from here
+    "Capture",
+    "LeafSpec",
+    "capture",
+    "check_module",
+    "check_tensors",
+    "deep_copy",
+    "eager_arguments",
+    "exported_methods",
+    "has_forward",
+    "require_eval",
+    "require_forward",
+    "training_submodules",
+]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _FXMOBILE_DIR = os.path.dirname(os.path.dirname(__file__))
@@ -47,11 +88,27 @@ class Capture:
 class _Tracer(fx.Tracer):
     """A tracer that honours user leaves and remembers which submodule it was inside."""
 
-    def __init__(self, leaf_types: tuple[type[nn.Module], ...], leaf_paths: set[str]) -> None:
+    def __init__(
+        self,
+        leaf_types: tuple[type[nn.Module], ...],
+        leaf_paths: set[str],
+        record_frames: bool = False,
+    ) -> None:
         super().__init__()
         self.leaf_types = leaf_types
         self.leaf_paths = leaf_paths
         self.failed_path: str | None = None
+        # the user's source line of each node, by node name (only to explain a refusal)
+        self.record_frames = record_frames
+        self.frames: dict[str, str] = {}
+
+    def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
+        node = super().create_node(*args, **kwargs)
+        if self.record_frames:
+            where = _innermost_user_frame(traceback.extract_stack())
+            if where:
+                self.frames[node.name] = where
+        return node
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if module_qualified_name in self.leaf_paths or isinstance(m, self.leaf_types):
@@ -69,11 +126,6 @@ class _Tracer(fx.Tracer):
             raise
 
 
-def training_submodules(model: nn.Module) -> list[str]:
-    """Qualified names of the submodules in training mode (``<root>`` for the module itself)."""
-    return [name or "<root>" for name, m in model.named_modules() if m.training]
-
-
 def capture(
     model: nn.Module,
     *,
@@ -89,14 +141,17 @@ def capture(
     instead of refusing a model that is still training.
     """
     check_module(model)
+    require_forward(model)
     training = require_eval(model, eval_copy)
+    check_concrete_args(model, concrete_args)
     notes: list[str] = []
-    leaf_types, leaf_paths = _resolve_leaves(model, leaf_modules)
-    copied = _deep_copy(model)
+    leaf_types, leaf_paths = resolve_leaves(model, leaf_modules)
+    copied = deep_copy(model)
     if training:
         copied.eval()
         notes.append(f"put fxmobile's copy in eval mode ({len(training)} modules were training)")
 
+    before = StateSnapshot.of(copied)
     auto_leaves: list[str] = []
     while True:
         tracer = _Tracer(leaf_types, leaf_paths)
@@ -110,14 +165,87 @@ def capture(
                 auto_leaves.append(path)
                 continue
             raise _capture_error(copied, path, exc, auto_leaf) from exc
+    changes = before.changes(copied, fx_constants(graph))
+    writes = [replace(w, attribute=owner_name(copied, w.attribute)) for w in graph_writes(graph)]
+    if changes or writes:
+        where = _locate_write(model, leaf_types, leaf_paths, concrete_args, changes, writes)
+        raise _mutation_error(model, changes, writes, where)
     if auto_leaves:
         notes.append(f"kept as opaque leaves because they do not trace: {', '.join(auto_leaves)}")
+    _refuse_none_output(model, graph)
     name = type(model).__name__
     gm = fx.GraphModule(tracer.root, graph, class_name=name)
     if concrete_args:
         _bake_concrete_args(gm, copied, concrete_args)
     _resolve_string_annotations(gm, copied)
     return Capture(gm, copied, tuple(auto_leaves), tuple(notes))
+
+
+def _refuse_none_output(model: nn.Module, graph: fx.Graph) -> None:
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    if output.args and output.args[0] is None:
+        name = type(model).__name__
+        raise InvalidValueError(
+            f"{name}.forward returns None, so the optimized model would compute nothing "
+            f"(fxmobile removes work whose result is unused). Fix: return the output tensor(s) "
+            f"from {name}.forward (is a `return` missing?)."
+        )
+
+
+def _locate_write(
+    model: nn.Module,
+    leaf_types: tuple[type[nn.Module], ...],
+    leaf_paths: set[str],
+    concrete_args: dict[str, Any] | None,
+    changes: list[StateChange],
+    writes: list[GraphWrite],
+) -> str | None:
+    """The user's line that changes the state: traces a fresh copy once more, watching."""
+    try:
+        fresh = copy.deepcopy(model).eval()
+        tensors = []
+        for change in changes:
+            value = getattr(fresh.get_submodule(change.module_path), change.name, None)
+            if isinstance(value, torch.Tensor):
+                tensors.append(value)
+        tracer = _Tracer(leaf_types, set(leaf_paths), record_frames=True)
+        with WriteWatch(tensors):
+            tracer.trace(fresh, concrete_args=concrete_args)
+    except WriteSeen as seen:
+        return _user_frame(seen)
+    except Exception:
+        return None
+    for write in writes:
+        if write.node.name in tracer.frames:
+            return tracer.frames[write.node.name]
+    return None
+
+
+def _mutation_error(
+    model: nn.Module, changes: list[StateChange], writes: list[GraphWrite], where: str | None
+) -> CaptureError:
+    name = type(model).__name__
+    culprits = [f"{c.what} {c.path!r} ({c.how})" for c in changes]
+    culprits += [f"{w.attribute!r} (written in place by {w.op_name})" for w in writes]
+    paths = [c.module_path for c in changes] + [w.attribute.rpartition(".")[0] for w in writes]
+    owner = paths[0] if paths else ""
+    at = f" at {where}" if where else ""
+    fix = (
+        "keep the state outside the model: take it as an input and return the new value, "
+        "or compute it without writing to the module"
+    )
+    if owner:
+        cls = type(model.get_submodule(owner)).__name__
+        fix += (
+            f"; or, if {owner!r} must keep its state, mark it as a leaf "
+            f"(leaf_modules=[{cls}]) so it runs as eager code, unoptimized"
+        )
+    return CaptureError(
+        f"{name}.forward changes the module's state while it runs{at}: "
+        f"{'; '.join(culprits)}. torch.fx runs forward once to trace it, so the change would "
+        f"happen once and its result be baked into the optimized model as a constant (and "
+        f"fxmobile folds attributes into constants). Fix: {fix}."
+    )
 
 
 def _bake_concrete_args(gm: fx.GraphModule, root: nn.Module, concrete_args: dict[str, Any]) -> None:
@@ -177,102 +305,41 @@ def _substitute(args: Any, node: fx.Node, value: Any) -> Any:
     return fx.node.map_arg(args, swap)
 
 
-def require_eval(model: nn.Module, eval_copy: bool) -> list[str]:
-    """The submodules still training; refused (listing them) unless ``eval_copy`` is set."""
-    training = training_submodules(model)
-    if training and not eval_copy:
-        shown = ", ".join(training[:8])
-        if len(training) > 8:
-            shown += f" and {len(training) - 8} more"
-        raise TrainingModeError(
-            f"{type(model).__name__} is in training mode ({len(training)} submodules: "
-            f"{shown}); mobile optimization folds inference-time constants and needs eval "
-            f"mode. Call model.eval() first, or pass eval_copy=True to optimize an eval-mode "
-            f"copy."
-        )
-    return training
-
-
-def check_module(model: object) -> None:
-    """Refuse anything that is not an eager ``nn.Module``."""
-    if isinstance(model, torch.jit.ScriptModule):
-        raise InvalidArgumentError(
-            f"{type(model).__name__} is already TorchScript; torch.fx cannot trace it. Pass it to "
-            f"fxmobile.optimize_for_mobile, which runs only the TorchScript stage on it."
-        )
-    if not isinstance(model, nn.Module):
-        raise InvalidArgumentError(
-            f"expected a torch.nn.Module to optimize, got {type(model).__module__}."
-            f"{type(model).__qualname__}"
-        )
-
-
-def _resolve_leaves(
-    model: nn.Module, leaf_modules: Iterable[LeafSpec]
-) -> tuple[tuple[type[nn.Module], ...], set[str]]:
-    paths_of = {id(m): name for name, m in model.named_modules()}
-    known = set(paths_of.values())
-    types: list[type[nn.Module]] = []
-    paths: set[str] = set()
-    for spec in leaf_modules:
-        if isinstance(spec, type) and issubclass(spec, nn.Module):
-            types.append(spec)
-        elif isinstance(spec, nn.Module):
-            if id(spec) not in paths_of:
-                raise InvalidArgumentError(
-                    f"leaf module {type(spec).__name__} instance is not a submodule of "
-                    f"{type(model).__name__}; pass its class or its qualified name instead"
-                )
-            paths.add(paths_of[id(spec)])
-        elif isinstance(spec, str):
-            if spec not in known:
-                raise InvalidArgumentError(
-                    f"leaf module {spec!r} is not a submodule of {type(model).__name__}; "
-                    f"qualified names look like 'layer1.0.conv1'"
-                )
-            paths.add(spec)
-        else:
-            raise InvalidArgumentError(
-                f"leaf_modules items must be nn.Module classes, submodules or qualified names, "
-                f"got {spec!r}"
-            )
-    return tuple(types), paths
-
-
-def _deep_copy(model: nn.Module) -> nn.Module:
-    try:
-        return copy.deepcopy(model)
-    except Exception as exc:
-        raise InvalidArgumentError(
-            f"could not deep-copy {type(model).__name__} ({type(exc).__name__}: {exc}). fxmobile "
-            f"never modifies your model, so it optimizes a copy: make every attribute of the "
-            f"model deep-copyable (or move it out of the module)."
-        ) from exc
-
-
-def _user_frame(exc: BaseException) -> str | None:
+def _innermost_user_frame(frames: traceback.StackSummary) -> str | None:
     """``file:line: code`` of the innermost frame outside torch and fxmobile, if any."""
-    frames = traceback.extract_tb(exc.__traceback__)
     for frame in reversed(frames):
-        if frame.filename.startswith((_TORCH_DIR, _FXMOBILE_DIR)):
+        if frame.filename.startswith((_TORCH_DIR, _FXMOBILE_DIR, "<eval_with_key>")):
             continue
         code = f": {frame.line.strip()}" if frame.line else ""
         return f"{frame.filename}:{frame.lineno}{code}"
     return None
 
 
+def _user_frame(exc: BaseException) -> str | None:
+    """The innermost user frame of ``exc``'s traceback."""
+    return _innermost_user_frame(traceback.extract_tb(exc.__traceback__))
+
+
 def _capture_error(
     root: nn.Module, path: str | None, exc: Exception, auto_leaf: bool
 ) -> CaptureError:
+    """Name the submodule and line; the fix depends on whether fx met control flow on a traced
+    value (``TraceError``) or forward raised an ordinary Python error while being traced."""
     where = _user_frame(exc)
     at = f" at {where}" if where else ""
     cause = f"{type(exc).__name__}: {exc}".strip()
+    control_flow = isinstance(exc, fx.proxy.TraceError)
     if path:
         cls = type(root.get_submodule(path)).__name__
         fix = (
             f"mark it as a leaf (leaf_modules=[{cls}] or leaf_modules=[{path!r}]), pass "
             f"concrete_args for the input that drives the control flow, or pass auto_leaf=True"
         )
+        if not control_flow:
+            fix = (
+                f"if that line also fails when you run the model eagerly, fix it there; "
+                f"otherwise it cannot handle a traced value: {fix}"
+            )
         return CaptureError(
             f"torch.fx could not trace submodule {path!r} ({cls}){at}: {cause}. Fix: {fix}."
         )
@@ -281,6 +348,11 @@ def _capture_error(
         fix += " (auto_leaf cannot help: the failure is in the top-level forward itself)"
     else:
         fix += ", or move the untraceable code into a submodule and mark it as a leaf"
+    if not control_flow:
+        fix = (
+            f"if that line also fails when you run the model eagerly, fix it there; "
+            f"otherwise it cannot handle a traced value: {fix}"
+        )
     return CaptureError(
         f"torch.fx could not trace {type(root).__name__}.forward{at}: {cause}. Fix: {fix}."
     )

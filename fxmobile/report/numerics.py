@@ -20,12 +20,23 @@ DEFAULT_TOLERANCE = 1e-4
 
 
 def as_input_tuple(example_inputs: object) -> tuple[Any, ...]:
-    """A single tensor becomes a 1-tuple; a tuple or list becomes a tuple."""
+    """A single tensor becomes a 1-tuple; a tuple or list becomes a tuple.
+
+    Tensors off the CPU are refused: the model is optimized and checked on the CPU.
+    """
     if isinstance(example_inputs, tuple):
-        return example_inputs
-    if isinstance(example_inputs, list):
-        return tuple(example_inputs)
-    return (example_inputs,)
+        inputs = example_inputs
+    elif isinstance(example_inputs, list):
+        inputs = tuple(example_inputs)
+    else:
+        inputs = (example_inputs,)
+    for path, leaf in pytree.tree_flatten_with_path(inputs)[0]:
+        if isinstance(leaf, torch.Tensor) and leaf.device.type != "cpu":
+            raise InvalidValueError(
+                f"example_inputs{pytree.keystr(path)} is on {leaf.device}; fxmobile optimizes "
+                f"the model on the CPU and checks it there. Fix: pass CPU tensors (x.cpu())."
+            )
+    return inputs
 
 
 def compare_outputs(

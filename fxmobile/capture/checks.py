@@ -1,0 +1,280 @@
+"""Capture's refusals before tracing: each names the culprit and the fix.
+
+Not a module (or a class, or a ScriptModule), a module still training, a module without
+``forward``, weights off the CPU or not real floating point, ``concrete_args`` that name no
+parameter, ``leaf_modules`` that name no submodule, attributes that cannot be deep-copied.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import inspect
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from fxmobile.errors import InvalidArgumentError, InvalidValueError, TrainingModeError
+
+LeafSpec = type[nn.Module] | nn.Module | str
+
+
+def training_submodules(model: nn.Module) -> list[str]:
+    """Qualified names of the submodules in training mode (``<root>`` for the module itself)."""
+    return [name or "<root>" for name, m in model.named_modules() if m.training]
+
+
+def has_forward(model: nn.Module) -> bool:
+    """False for a module that defines no ``forward`` (only exported methods, say)."""
+    return getattr(type(model), "forward", None) is not nn.Module.forward
+
+
+def exported_methods(model: nn.Module) -> list[str]:
+    """Names of the methods decorated with ``@torch.jit.export``."""
+    export = torch._jit_internal.FunctionModifiers.EXPORT
+    return [
+        name
+        for name, fn in inspect.getmembers(type(model), inspect.isfunction)
+        if torch._jit_internal.get_torchscript_modifier(fn) is export
+    ]
+
+
+def require_forward(model: nn.Module) -> None:
+    """Refuse a module without ``forward``: torch.fx traces ``forward`` only."""
+    if has_forward(model):
+        return
+    name = type(model).__name__
+    exported = exported_methods(model)
+    if exported:
+        fix = (
+            f"to optimize its exported methods, pass them to fxmobile.optimize (TorchScript "
+            f"stage only): fxmobile.optimize(model, preserved_methods={exported!r})"
+        )
+    else:
+        fix = "define forward, or export methods with @torch.jit.export and preserve them"
+    raise InvalidArgumentError(
+        f"{name} has no forward method, and torch.fx traces forward only. Fix: {fix}."
+    )
+
+
+def _forward_parameters(model: nn.Module) -> list[inspect.Parameter] | None:
+    try:
+        return list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+
+
+def check_concrete_args(model: nn.Module, concrete_args: object) -> None:
+    if concrete_args is None:
+        return
+    name = type(model).__name__
+    if not isinstance(concrete_args, dict):
+        raise InvalidArgumentError(
+            f"concrete_args must be a dict from {name}.forward's parameter names to values, "
+            f"got {type(concrete_args).__name__}; e.g. concrete_args={{'flag': True}}"
+        )
+    params = _forward_parameters(model)
+    if params is None or any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    names = [p.name for p in params if p.kind is not p.VAR_POSITIONAL]
+    for key in concrete_args:
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise InvalidArgumentError(
+                f"concrete_args names {key!r}, which is not a parameter of {name}.forward "
+                f"(its parameters: {', '.join(names) or 'none'}){hint} Fix: use the "
+                f"parameter's name as the key."
+            )
+
+
+def eager_arguments(
+    model: Any, inputs: Sequence[Any], specialized: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """How to call ``model``'s eager forward with the positional inputs of its captured form.
+
+    The captured graph takes every remaining parameter positionally, in the order of the
+    signature; the eager forward needs keyword-only ones (and any that come after a
+    specialized one) by keyword.
+    """
+    eager = isinstance(model, nn.Module) and not isinstance(model, torch.jit.ScriptModule)
+    params = _forward_parameters(model) if eager else None
+    if params is None:
+        return tuple(inputs), dict(specialized)
+    args: list[Any] = []
+    kwargs = dict(specialized)
+    rest = list(inputs)
+    by_keyword = False
+    for param in params:
+        if not rest or param.kind is param.VAR_KEYWORD:
+            break
+        if param.kind is param.VAR_POSITIONAL:
+            args += rest
+            rest = []
+            break
+        if param.name in specialized:
+            by_keyword = True
+            continue
+        if param.kind is param.KEYWORD_ONLY or by_keyword:
+            kwargs[param.name] = rest.pop(0)
+        else:
+            args.append(rest.pop(0))
+    return (*args, *rest), kwargs  # extra inputs: let Python's own message say so
+
+
+def require_eval(model: nn.Module, eval_copy: bool) -> list[str]:
+    """The submodules still training; refused (listing them) unless ``eval_copy`` is set."""
+    training = training_submodules(model)
+    if training and not eval_copy:
+        shown = ", ".join(training[:8])
+        if len(training) > 8:
+            shown += f" and {len(training) - 8} more"
+        raise TrainingModeError(
+            f"{type(model).__name__} is in training mode ({len(training)} submodules: "
+            f"{shown}); mobile optimization folds inference-time constants and needs eval "
+            f"mode. Call model.eval() first, or pass eval_copy=True to optimize an eval-mode "
+            f"copy."
+        )
+    return training
+
+
+def check_module(model: object) -> None:
+    """Refuse anything that is not an eager ``nn.Module``."""
+    if isinstance(model, torch.jit.ScriptModule):
+        raise InvalidArgumentError(
+            f"{type(model).__name__} is already TorchScript; torch.fx cannot trace it. Pass it to "
+            f"fxmobile.optimize_for_mobile, which runs only the TorchScript stage on it."
+        )
+    if isinstance(model, type) and issubclass(model, nn.Module):
+        raise InvalidArgumentError(
+            f"expected a torch.nn.Module to optimize, got the class {model.__qualname__} itself; "
+            f"pass an instance in eval mode, e.g. {model.__qualname__}(...).eval()"
+        )
+    if not isinstance(model, nn.Module):
+        raise InvalidArgumentError(
+            f"expected a torch.nn.Module to optimize, got {type(model).__module__}."
+            f"{type(model).__qualname__}; pass the model instance itself (model.eval()), "
+            f"not its name, output or weights"
+        )
+    check_tensors(model)
+
+
+def check_tensors(model: nn.Module) -> None:
+    """Refuse weights fxmobile cannot fold or pack: off the CPU, or not real floating point.
+
+    Applies to eager and scripted modules. Buffers may hold any dtype (indices, quantization
+    zero points); parameters must be float32, float64, float16 or bfloat16. Quantized modules
+    keep their weights in packed params, not in parameters, and pass.
+    """
+    name = type(model).__name__
+    if isinstance(model, torch.jit.ScriptModule):
+        name = str(model.original_name)
+    tensors: list[tuple[str, str, torch.Tensor]] = [
+        ("parameter", path, t) for path, t in model.named_parameters()
+    ]
+    tensors += [("buffer", path, t) for path, t in model.named_buffers()]
+    for kind, path, tensor in tensors:
+        device = tensor.device
+        if device.type == "meta":
+            raise InvalidValueError(
+                f"{name} {kind} {path!r} is on the meta device, which holds shapes but no "
+                f"values, so there is nothing to fold or pack. Fix: materialize the weights "
+                f"first: model.to_empty(device='cpu'), then model.load_state_dict(...)."
+            )
+        if device.type != "cpu":
+            raise InvalidValueError(
+                f"{name} {kind} {path!r} is on {device}; fxmobile folds and packs weights on "
+                f"the CPU for the mobile runtime. Fix: optimize a CPU copy: model.cpu() (and "
+                f"CPU example_inputs)."
+            )
+        if kind == "parameter" and not tensor.is_floating_point():
+            raise InvalidValueError(
+                f"{name} parameter {path!r} is {str(tensor.dtype).removeprefix('torch.')}; "
+                f"fxmobile folds and prepacks real floating-point weights only (float32, "
+                f"float64, float16, bfloat16). Fix: convert the model (model.float()), or for "
+                f"integer weights quantize it with torch.ao.quantization (quantized modules "
+                f"are supported)."
+            )
+
+
+def resolve_leaves(
+    model: nn.Module, leaf_modules: Iterable[LeafSpec]
+) -> tuple[tuple[type[nn.Module], ...], set[str]]:
+    paths_of = {id(m): name for name, m in model.named_modules()}
+    known = set(paths_of.values())
+    types: list[type[nn.Module]] = []
+    paths: set[str] = set()
+    if isinstance(leaf_modules, str | type | nn.Module):
+        shown = leaf_modules.__name__ if isinstance(leaf_modules, type) else repr(leaf_modules)
+        if isinstance(leaf_modules, nn.Module):
+            shown = f"model.{paths_of[id(leaf_modules)]}" if id(leaf_modules) in paths_of else "m"
+        raise InvalidArgumentError(
+            f"leaf_modules must be a list of module classes, submodules or qualified names, "
+            f"got the single value {shown}; wrap it: leaf_modules=[{shown}]"
+        )
+    try:
+        specs = list(leaf_modules)
+    except TypeError:
+        raise InvalidArgumentError(
+            f"leaf_modules must be a list of module classes, submodules or qualified names, "
+            f"got {type(leaf_modules).__name__}"
+        ) from None
+    for spec in specs:
+        if isinstance(spec, type) and issubclass(spec, nn.Module):
+            types.append(spec)
+        elif isinstance(spec, nn.Module):
+            if id(spec) not in paths_of:
+                raise InvalidArgumentError(
+                    f"leaf module {type(spec).__name__} instance is not a submodule of "
+                    f"{type(model).__name__}; pass its class or its qualified name instead"
+                )
+            paths.add(paths_of[id(spec)])
+        elif isinstance(spec, str):
+            if spec not in known:
+                close = difflib.get_close_matches(spec, sorted(known - {""}), n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise InvalidArgumentError(
+                    f"leaf module {spec!r} is not a submodule of {type(model).__name__}; "
+                    f"{hint}qualified names look like 'layer1.0.conv1'"
+                )
+            paths.add(spec)
+        else:
+            raise InvalidArgumentError(
+                f"leaf_modules items must be nn.Module classes, submodules or qualified names, "
+                f"got {spec!r}"
+            )
+    return tuple(types), paths
+
+
+def deep_copy(model: nn.Module) -> nn.Module:
+    """``copy.deepcopy(model)``, or an error naming the attribute that cannot be copied."""
+    try:
+        return copy.deepcopy(model)
+    except Exception as exc:
+        culprit = _uncopyable_attribute(model)
+        what = f"its attribute {culprit!r}" if culprit else "one of its attributes"
+        raise InvalidArgumentError(
+            f"could not deep-copy {type(model).__name__}: {what} cannot be copied "
+            f"({type(exc).__name__}: {exc}). fxmobile never modifies your model, so it "
+            f"optimizes a copy. Fix: make that attribute deep-copyable (define __deepcopy__), "
+            f"or move it out of the module (e.g. a lock, file handle or client object)."
+        ) from exc
+
+
+def _uncopyable_attribute(model: nn.Module) -> str | None:
+    for path, module in model.named_modules():
+        for name, value in vars(module).items():
+            if name in ("_modules", "_parameters", "_buffers"):
+                continue
+            try:
+                copy.deepcopy(value)
+            except Exception:
+                return f"{path}.{name}" if path else name
+        for name, value in [*module._parameters.items(), *module._buffers.items()]:
+            try:
+                copy.deepcopy(value)
+            except Exception:
+                return f"{path}.{name}" if path else name
+    return None

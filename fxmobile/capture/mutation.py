@@ -1,0 +1,272 @@
+"""Capture-time detection of a forward that changes the module's own state.
+
+``torch.fx`` runs ``forward`` once, on proxies. Code that changes the module while it runs is
+either executed once at trace time and its result baked into the graph as a constant
+(``self.n.add_(1); return x + self.n`` then returns ``x + 1`` forever), or recorded as an
+in-place write to an attribute, which fxmobile's folding would later treat as a constant. Both
+are refused. Three checks, each cheap:
+
+* tensors: every parameter, buffer and plain tensor attribute is stamped with its identity and
+  its version counter (bumped by every in-place op) before tracing, and compared after;
+* plain Python attributes: each submodule's ``vars()`` (minus the slots ``nn.Module`` keeps for
+  itself) are stamped by identity, containers by the identity of their items;
+* the graph: an in-place op (``add_``, ``copy_``, ``x[i] = v``, ``inplace=True``, ``out=``)
+  whose target is a ``get_attr`` value or a view of one.
+
+Only when something is found, the model is traced once more (a fresh copy) to find the source
+line: see ``WriteWatch``.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.overrides import TorchFunctionMode
+
+# What nn.Module.__init__ puts in every module's __dict__: torch's bookkeeping, not user state.
+_MODULE_SLOTS = frozenset(vars(nn.Module()))
+
+_INPLACE_OPERATORS = frozenset(
+    {
+        operator.setitem,
+        operator.iadd,
+        operator.isub,
+        operator.imul,
+        operator.itruediv,
+        operator.ifloordiv,
+        operator.imod,
+        operator.ipow,
+        operator.iand,
+        operator.ior,
+        operator.ixor,
+        operator.ilshift,
+        operator.irshift,
+        operator.imatmul,
+    }
+)
+_INPLACE_DUNDERS = frozenset(f"__{op.__name__}__" for op in _INPLACE_OPERATORS)  # __iadd__...
+
+# Ops whose result may share memory with their first argument: writing to the result writes
+# to the attribute.
+_VIEW_NAMES = frozenset(
+    {
+        "view", "view_as", "reshape", "reshape_as", "expand", "expand_as", "squeeze",
+        "unsqueeze", "transpose", "swapaxes", "swapdims", "t", "permute", "movedim", "flatten",
+        "unflatten", "narrow", "select", "detach", "as_strided", "diagonal", "unbind", "split",
+        "chunk", "unfold", "contiguous", "__getitem__", "view_as_real", "real", "imag",
+    }
+)  # fmt: skip
+_VIEW_FUNCTIONS = frozenset(
+    {operator.getitem} | {getattr(torch, n) for n in _VIEW_NAMES if hasattr(torch, n)}
+)
+_VIEW_ATTRIBUTES = frozenset({"data", "T", "mT", "H", "mH", "real", "imag"})
+
+
+def is_inplace_name(name: str) -> bool:
+    """``add_``, ``copy_``, ``__setitem__``, ``__iadd__``: names of ops that write to self."""
+    if name in _INPLACE_DUNDERS:
+        return True
+    return name.endswith("_") and not name.startswith("__") and not name.endswith("__")
+
+
+@dataclass(frozen=True)
+class StateChange:
+    """One piece of module state that tracing changed."""
+
+    module_path: str  # "" for the root
+    name: str  # the attribute's name in that module
+    what: str  # "buffer", "parameter", "tensor attribute" or "attribute"
+    how: str  # "changed in place", "replaced", "added", ...
+
+    @property
+    def path(self) -> str:
+        return f"{self.module_path}.{self.name}" if self.module_path else self.name
+
+
+def _version(t: torch.Tensor) -> int | None:
+    try:
+        return int(t._version)
+    except Exception:  # inference tensors have no version counter
+        return None
+
+
+def _stamp(value: Any) -> tuple[Any, ...]:
+    if isinstance(value, torch.Tensor):
+        return ("tensor", id(value), _version(value))
+    if isinstance(value, list | tuple | set | frozenset):
+        return ("items", id(value), tuple(id(v) for v in value))
+    if isinstance(value, dict):
+        return ("items", id(value), tuple((k, id(v)) for k, v in value.items()))
+    return ("object", id(value))
+
+
+def _entries(model: nn.Module) -> Iterator[tuple[tuple[str, str], str, Any]]:
+    for path, module in model.named_modules():
+        for name, param in module._parameters.items():
+            yield (path, name), "parameter", param
+        for name, buf in module._buffers.items():
+            yield (path, name), "buffer", buf
+        for name, value in vars(module).items():
+            if name not in _MODULE_SLOTS:
+                kind = "tensor attribute" if isinstance(value, torch.Tensor) else "attribute"
+                yield (path, name), kind, value
+
+
+@dataclass(frozen=True)
+class StateSnapshot:
+    """Identity (and, for tensors, version) of every piece of state of a module tree."""
+
+    stamps: dict[tuple[str, str], tuple[str, tuple[Any, ...], Any]]
+
+    @classmethod
+    def of(cls, model: nn.Module) -> StateSnapshot:
+        # The values are kept alive so that their ids stay unique while we compare.
+        return cls({key: (kind, _stamp(value), value) for key, kind, value in _entries(model)})
+
+    def changes(
+        self, model: nn.Module, fx_constants: frozenset[str] = frozenset()
+    ) -> list[StateChange]:
+        """What differs now; ``fx_constants`` are root attributes torch.fx itself added to hold
+        the constants of the graph (``_tensor_constant0``), not changes made by forward."""
+        now = {key: (kind, _stamp(value)) for key, kind, value in _entries(model)}
+        for name in fx_constants:
+            if ("", name) not in self.stamps:
+                now.pop(("", name), None)
+        found = []
+        for key, (kind, stamp, _) in self.stamps.items():
+            if key not in now:
+                found.append(StateChange(*key, kind, "deleted"))
+                continue
+            new = now[key][1]
+            if new == stamp:
+                continue
+            in_place = stamp[0] == new[0] and stamp[1] == new[1]
+            how = "changed in place" if in_place else "reassigned"
+            found.append(StateChange(*key, kind, how))
+        for key, (kind, _) in now.items():
+            if key not in self.stamps:
+                found.append(StateChange(*key, kind, "added"))
+        return found
+
+
+@dataclass(frozen=True)
+class GraphWrite:
+    """An in-place op recorded in the graph whose target is (a view of) a module attribute."""
+
+    node: fx.Node
+    attribute: str  # qualified name of the get_attr target
+
+    @property
+    def op_name(self) -> str:
+        target = self.node.target
+        return target if isinstance(target, str) else getattr(target, "__name__", str(target))
+
+
+def _writes_in_place(node: fx.Node) -> fx.Node | None:
+    """The node an in-place op writes to, or None when ``node`` writes to nothing."""
+    if node.op not in ("call_method", "call_function"):
+        return None
+    out = node.kwargs.get("out")
+    if isinstance(out, fx.Node):
+        return out
+    first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+    if node.kwargs.get("inplace") is True:
+        return first
+    if node.op == "call_function" and node.target in _INPLACE_OPERATORS:
+        return first
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    return first if isinstance(name, str) and is_inplace_name(name) else None
+
+
+def _is_view(node: fx.Node) -> bool:
+    if node.op == "call_method":
+        return node.target in _VIEW_NAMES
+    if node.op == "call_function":
+        if node.target is getattr:
+            return len(node.args) > 1 and node.args[1] in _VIEW_ATTRIBUTES
+        return node.target in _VIEW_FUNCTIONS
+    return False
+
+
+def fx_constants(graph: fx.Graph) -> frozenset[str]:
+    """Names of the root attributes that torch.fx made to hold constants of ``graph``."""
+    return frozenset(
+        str(n.target) for n in graph.nodes if n.op == "get_attr" and "." not in str(n.target)
+    )
+
+
+def owner_name(root: nn.Module, qualname: str) -> str:
+    """The parameter or buffer that the attribute ``qualname`` shares memory with: torch.fx
+    stores a view of a buffer made at trace time (``self.n.view(-1)``) as a constant of its own.
+    """
+    value = getattr(root, qualname, None) if "." not in qualname else None
+    if not isinstance(value, torch.Tensor):
+        return qualname
+    storage = _storage(value)
+    named: list[tuple[str, torch.Tensor]] = [*root.named_parameters(remove_duplicate=False)]
+    named += root.named_buffers(remove_duplicate=False)
+    for name, tensor in named:
+        if name != qualname and _storage(tensor) == storage:
+            return name
+    return qualname
+
+
+def graph_writes(graph: fx.Graph) -> list[GraphWrite]:
+    """In-place ops on ``get_attr`` values, or on views of them, in ``graph``."""
+    aliases: dict[fx.Node, str] = {}
+    found = []
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            aliases[node] = str(node.target)
+            continue
+        written = _writes_in_place(node)
+        if written is not None and written in aliases:
+            found.append(GraphWrite(node, aliases[written]))
+        base = node.args[0] if node.args else None
+        if isinstance(base, fx.Node) and base in aliases and (_is_view(node) or written is base):
+            aliases[node] = aliases[base]
+    return found
+
+
+class WriteSeen(Exception):
+    """Raised by ``WriteWatch`` at the user's line that writes to a watched tensor."""
+
+
+class WriteWatch(TorchFunctionMode):
+    """While active, an in-place op on a tensor sharing storage with a watched one raises
+    ``WriteSeen``, so the traceback ends at the user's line that did it."""
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.storages = {_storage(t) for t in tensors} - {None}
+
+    def __torch_function__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        target = kwargs.get("out", args[0] if args else None)
+        if (
+            isinstance(name, str)
+            and (is_inplace_name(name) or "out" in kwargs or kwargs.get("inplace") is True)
+            and isinstance(target, torch.Tensor)
+            and _storage(target) in self.storages
+        ):
+            raise WriteSeen(name)
+        return func(*args, **kwargs)
+
+
+def _storage(t: torch.Tensor) -> int | None:
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except Exception:
+        return None
