@@ -4,6 +4,8 @@ Importing fxmobile never loads its C++ operator library; that happens on first u
 """
 
 from fxmobile.api import FxResult, optimize_fx
+from fxmobile.backends.library import OpFamily, Provider, registration_status
+from fxmobile.backends.registry import Backend
 from fxmobile.errors import (
     CaptureError,
     FxMobileError,
@@ -13,19 +15,30 @@ from fxmobile.errors import (
     PassError,
     TrainingModeError,
 )
+from fxmobile.mobile import MobileResult, optimize, optimize_for_mobile
 from fxmobile.options import MobileOptimizerType
 from fxmobile.report import Report
+from fxmobile.script.lints import LintCode, generate_mobile_module_lints
 
 __all__ = [
+    "Backend",
     "CaptureError",
     "FxMobileError",
     "FxResult",
     "InvalidArgumentError",
     "InvalidValueError",
+    "LintCode",
     "MobileOptimizerType",
+    "MobileResult",
     "NumericsError",
+    "OpFamily",
     "PassError",
+    "Provider",
     "Report",
     "TrainingModeError",
+    "generate_mobile_module_lints",
+    "optimize",
+    "optimize_for_mobile",
     "optimize_fx",
+    "registration_status",
 ]

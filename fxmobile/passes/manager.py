@@ -127,5 +127,7 @@ class FxPassManager(PassManager[fx.GraphModule]):
             node.meta.pop("tensor_meta", None)
         if self.example_inputs is None:
             return
+        # Clones: a forward that writes to its input must not write to the caller's tensors.
+        inputs = [x.clone() if isinstance(x, torch.Tensor) else x for x in self.example_inputs]
         with torch.no_grad():
-            ShapeProp(gm).propagate(*self.example_inputs)
+            ShapeProp(gm).propagate(*inputs)

@@ -101,6 +101,7 @@ class Report:
     ops_before: dict[str, int] | None = None
     ops_after: dict[str, int] | None = None
     file_bytes: int | None = None  # size of the lite-interpreter file
+    lints: list[dict[str, str]] | None = None  # generate_mobile_module_lints of the result
 
     @property
     def rewrites(self) -> int:
@@ -131,6 +132,7 @@ class Report:
             "ops_before": self.ops_before,
             "ops_after": self.ops_after,
             "file_bytes": self.file_bytes,
+            "lints": self.lints,
         }
 
     def to_markdown(self) -> str:

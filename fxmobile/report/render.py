@@ -93,6 +93,11 @@ def render(report: Report, fmt: str) -> str:
         )
     if report.ops_after is not None:
         parts.append(_ops_table(report, fmt))
+    if report.lints:
+        rows = [[lint["name"], lint["message"]] for lint in report.lints]
+        parts.append(
+            tabulate(rows, headers=["lint", "message"], tablefmt=fmt, maxcolwidths=[None, 90])
+        )
     if report.file_bytes is not None:
         parts.append(f"lite-interpreter file: {_bytes(report.file_bytes)}")
     parts.extend(f"note: {note}" for note in report.notes)

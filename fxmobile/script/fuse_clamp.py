@@ -87,10 +87,11 @@ class FuseClamp(ScriptPass):
             # Collect first: fusing destroys activation nodes that a live walk would visit.
             runs = [n for n in iter_nodes(graph) if n.kind() in self.slots]
             for run in runs:
-                reason = self._fuse(graph, run, self.slots[run.kind()])
-                if reason is None:
+                # Again after a fusion: the next activation may now follow the run directly
+                # (relu then hardtanh), and is refused with its reason.
+                while (reason := self._fuse(graph, run, self.slots[run.kind()])) is None:
                     fused += 1
-                elif reason:
+                if reason:
                     skips.add(reason)
         return ScriptPassResult(module, fused, dict(skips))
 

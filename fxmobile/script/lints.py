@@ -50,7 +50,12 @@ _CONV_KINDS = frozenset(
         "metal_prepack::conv2d_run",
     }
 )
-_CHANNELS_LAST = 2  # torch.channels_last as a TorchScript int constant
+_CHANNELS_LAST = 2
+_BUNDLED_FORWARD = (
+    "_generate_bundled_inputs_for_forward",
+    "get_all_bundled_inputs_for_forward",
+    "get_all_bundled_inputs",
+)  # torch.channels_last as a TorchScript int constant
 
 
 def _lint(code: LintCode, message: str) -> dict[str, str]:
@@ -76,7 +81,9 @@ def generate_mobile_module_lints(script_module: torch.jit.ScriptModule) -> list[
             f"fxmobile.optimize_for_mobile, or torch.jit.script the module first."
         )
     lints = []
-    if not hasattr(script_module, "_generate_bundled_inputs_for_forward"):
+    # Upstream looks for _generate_bundled_inputs_for_forward only, which freezing drops: an
+    # optimized module with bundled inputs would be told it has none.
+    if not any(hasattr(script_module, name) for name in _BUNDLED_FORWARD):
         lints.append(
             _lint(
                 LintCode.BUNDLED_INPUT,

@@ -22,5 +22,6 @@ class RemoveDropoutScript(CountingScriptPass):
     )
 
     def rewrite(self, module: torch.jit.ScriptModule, ctx: ScriptContext) -> torch.jit.ScriptModule:
-        jit._jit_pass_remove_dropout(module._c)
+        if module._c._has_method("forward"):  # the torch pass reads forward only
+            jit._jit_pass_remove_dropout(module._c)
         return module

@@ -1,0 +1,70 @@
+"""The Vulkan pipeline, in upstream's order (``vulkan_rewrite.cpp``, ``vulkanOptimizeForMobile``).
+
+conv+BN folding (always), freeze, dropout removal, linear recovery, Vulkan create/run pairs,
+clamp fusion into conv2d, folding of the create calls, mutation removal, the automatic GPU
+transfer (unless blocklisted), canonical optimizations. The module is marked
+``optimized_for_vulkan = True`` (and ``requires_backend_transfers = False`` by the transfer).
+
+Upstream reads one blocklist member, ``VULKAN_AUTOMATIC_GPU_TRANSFER``; every other step here runs
+whatever the blocklist says. Differences from upstream, each on purpose:
+
+- Clamp fusion runs on every rewritten method, not only ``forward``, and also takes relu6 and
+  clamp (the shared ``FuseClamp``). In torch 2.15 upstream's own fusion never fires: its insert
+  step already returns folded context constants, which its relu/hardtanh patterns cannot match.
+- Mutation removal runs on every rewritten method (upstream: ``forward`` only).
+- Dropout goes right after freezing (upstream: after folding), so a conv's activation that
+  follows an eval-mode dropout fuses too.
+- The GPU transfer differs in three edge cases (see ``insert_gpu_transfers``).
+- Quantized ops are not rewritten (upstream's ``vulkan_quantized*``): fxmobile has no Vulkan
+  quantized kernels.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from fxmobile.backends.vulkan.insert_gpu_transfers import InsertGpuTransfers
+from fxmobile.backends.vulkan.insert_prepacked_ops import CREATE_KINDS, InsertVulkanOps
+from fxmobile.options import MobileOptimizerType
+from fxmobile.script.canonicalize import Canonicalize
+from fxmobile.script.fold_conv_batchnorm import FoldConvBatchNorm
+from fxmobile.script.fold_prepacking import FoldPrepacking
+from fxmobile.script.freezing import Freeze
+from fxmobile.script.fuse_clamp import ClampSlots, FuseClamp
+from fxmobile.script.fuse_linear import FuseLinear
+from fxmobile.script.infra import ScriptPass
+from fxmobile.script.remove_dropout import RemoveDropoutScript
+from fxmobile.script.remove_mutation import RemoveMutation
+
+MARKERS = {"optimized_for_vulkan": True}
+HONOURS = frozenset({MobileOptimizerType.VULKAN_AUTOMATIC_GPU_TRANSFER})
+
+
+class FuseVulkanClamp(FuseClamp):
+    optimization = None  # upstream's Vulkan pipeline cannot switch it off
+    # upstream fuses into conv2d only (create_conv2d_context's output_min, output_max)
+    slots: ClassVar[dict[str, ClampSlots]] = {
+        "vulkan_prepack::run_conv2d_context": ClampSlots(
+            "vulkan_prepack::create_conv2d_context", 6, 7
+        ),
+    }
+
+
+class FoldVulkanPrepacking(FoldPrepacking):
+    optimization = None
+    prepack_kinds = CREATE_KINDS
+
+
+def passes() -> tuple[ScriptPass, ...]:
+    return (
+        FoldConvBatchNorm(),
+        Freeze(),
+        RemoveDropoutScript(),
+        FuseLinear(),  # upstream runs it inside its linear insertion
+        InsertVulkanOps(),
+        FuseVulkanClamp(),
+        FoldVulkanPrepacking(),
+        RemoveMutation(),
+        InsertGpuTransfers(),
+        Canonicalize(),
+    )

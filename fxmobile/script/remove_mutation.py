@@ -1,0 +1,62 @@
+"""In-place tensor ops as their functional forms, where no alias can tell the difference.
+
+    y = aten::relu_(x)     ->  y = aten::relu(x)        (x not used afterwards, not an alias)
+    aten::add_(x, b)       ->  x' = aten::add(x, b)     (later uses of x read x')
+
+GPU runtimes (Vulkan, Metal) keep tensors in textures and run functional kernels; upstream runs
+torch's ``RemoveTensorMutation`` on ``forward`` in both pipelines, here on every rewritten method.
+The count is the number of mutating nodes that went; a mutation torch's pass cannot prove safe
+(its input is a graph input, an alias of one, or read again later through an alias) stays, and is
+reported under its op.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from functools import cache
+
+import torch
+
+from fxmobile.script.graph_utils import iter_nodes, method_graphs
+from fxmobile.script.infra import ScriptContext, ScriptPass, ScriptPassResult
+from fxmobile.script.jit_passes import jit
+
+
+@cache
+def _writes(schema: str) -> bool:
+    """Whether an operator with this schema writes to one of its arguments."""
+    if schema == "(no schema)":
+        return False
+    try:
+        parsed = torch._C.parse_schema(schema)
+    except RuntimeError:
+        return False
+    return any(a.alias_info is not None and a.alias_info.is_write for a in parsed.arguments)
+
+
+def mutating_kinds(module: torch.jit.ScriptModule, methods: Sequence[str]) -> Counter[str]:
+    """Nodes that write to a tensor argument, by kind, across ``methods``."""
+    counts: Counter[str] = Counter()
+    for graph in method_graphs(module, methods):
+        for node in iter_nodes(graph):
+            if node.kind().startswith("aten::") and _writes(node.schema()):
+                counts[node.kind()] += 1
+    return counts
+
+
+class RemoveMutation(ScriptPass):
+    optimization = None  # upstream's GPU pipelines cannot switch it off
+    pass_name = "remove_mutation"
+    summary = "aten::relu_ / add_ / ... -> aten::relu / add / ... where no alias observes it"
+
+    def call(self, module: torch.jit.ScriptModule, ctx: ScriptContext) -> ScriptPassResult:
+        before = mutating_kinds(module, ctx.methods)
+        for graph in method_graphs(module, ctx.methods):
+            jit._jit_pass_remove_mutation(graph)
+        after = mutating_kinds(module, ctx.methods)
+        skips = {
+            f"{kind} kept: torch cannot prove no alias observes the write": n
+            for kind, n in after.items()
+        }
+        return ScriptPassResult(module, max(before.total() - after.total(), 0), skips)
