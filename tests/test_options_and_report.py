@@ -55,7 +55,8 @@ def test_failing_pass_names_itself_and_the_passes_before_it() -> None:
 
     gm = fx.symbolic_trace(nn.Sequential(nn.Linear(2, 2)))
     with pytest.raises(
-        fxmobile.PassError, match=r"fx pass .fold_constants. failed.*boom.*ran before it: remove_dropout"
+        fxmobile.PassError,
+        match=r"fx pass .fold_constants. failed.*boom.*ran before it: remove_dropout",
     ):
         FxPassManager([RemoveDropout(), Broken()]).run(gm)
 

@@ -1,0 +1,1 @@
+"""Regression runs of fxmobile over torchvision's model zoo."""

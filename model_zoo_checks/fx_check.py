@@ -1,0 +1,118 @@
+"""Check the FX stage on one zoo model: numerics, BatchNorm left, the original untouched.
+
+``python -m model_zoo_checks.fx_check NAME`` prints the result as JSON, so giant models can run
+one per process under a memory guard (see ``run_guarded``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+import fxmobile
+from model_zoo_checks.zoo import ZooModel, randomize_statistics
+
+TOLERANCE = 1e-4  # max abs error relative to max |eager output|
+
+
+@dataclass
+class FxCheck:
+    name: str
+    relative_error: float
+    batchnorm_left: int
+    original_unchanged: bool
+    seconds: float
+    rewrites: int
+
+
+def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()}
+
+
+def check_fx(entry: ZooModel) -> FxCheck:
+    torch.manual_seed(0)
+    model = randomize_statistics(entry.build(), entry.input_shape)
+    before = _snapshot(model)
+    flags = [m.training for m in model.modules()]
+    x = torch.randn(entry.input_shape)
+    start = time.perf_counter()
+    result = fxmobile.optimize_fx(model, x, tolerance=TOLERANCE)
+    seconds = time.perf_counter() - start
+    after = model.state_dict(keep_vars=True)
+    unchanged = (
+        before.keys() == after.keys()
+        and all(
+            torch.equal(before[k], after[k])
+            and before[k].dtype == after[k].dtype
+            and before[k].stride() == after[k].stride()
+            for k in before
+        )
+        and flags == [m.training for m in model.modules()]
+    )
+    numerics = result.report.numerics or []
+    gm = result.graph_module
+    bn_left = sum(
+        1
+        for n in gm.graph.nodes
+        if n.op == "call_module"
+        and isinstance(gm.get_submodule(n.target), nn.modules.batchnorm._BatchNorm)
+    )
+    return FxCheck(
+        name=entry.name,
+        relative_error=max((c.relative_error for c in numerics), default=0.0),
+        batchnorm_left=bn_left,
+        original_unchanged=unchanged,
+        seconds=seconds,
+        rewrites=result.report.rewrites,
+    )
+
+
+def run_guarded(entry: ZooModel, limit_gib: float = 20.0, timeout: float = 1800) -> FxCheck:
+    """``check_fx`` in a child process, killed if its resident memory passes ``limit_gib``."""
+    cmd = [sys.executable, "-m", "model_zoo_checks.fx_check", entry.name]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    start = time.monotonic()
+    peak = 0.0
+    while proc.poll() is None:
+        peak = max(peak, _rss_gib(proc.pid))
+        if peak > limit_gib or time.monotonic() - start > timeout:
+            proc.kill()
+            proc.wait()
+            raise MemoryError(
+                f"{entry.name}: stopped at {peak:.1f} GiB resident (guard {limit_gib} GiB)"
+            )
+        time.sleep(0.5)
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{entry.name} failed in its own process:\n{err[-4000:]}")
+    return FxCheck(**json.loads(out.strip().splitlines()[-1]))
+
+
+def _rss_gib(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return 0.0
+
+
+def main() -> None:
+    from model_zoo_checks.zoo import classification_models
+
+    by_name = {m.name: m for m in classification_models()}
+    torch.set_num_threads(int(os.environ.get("FXMOBILE_THREADS", "2")))
+    print(json.dumps(asdict(check_fx(by_name[sys.argv[1]]))))
+
+
+if __name__ == "__main__":
+    main()
