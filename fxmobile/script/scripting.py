@@ -29,6 +29,8 @@ def quietly_script(module: torch.nn.Module) -> torch.jit.ScriptModule:
     """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*torch\.jit\.script. is deprecated")
+        # about how the TorchScript frontend reads some torchvision __init__ annotations
+        warnings.filterwarnings("ignore", message="The TorchScript type system doesn't support")
         return torch.jit.script(module)
 
 
