@@ -6,14 +6,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fxmobile-installed
 CSRC := $(shell find fxmobile -name '*.cpp' -o -name '*.h' 2>/dev/null)
 
-.PHONY: demo test test-slow lint install clean
+.PHONY: demo test test-slow fuzz-long install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # Build requirements come from pyproject.toml (one place); the package is then built without
 # isolation so the extension compiles against the torch that is installed in the venv.
-$(STAMP): $(PY) pyproject.toml setup.cfg $(CSRC)
+$(STAMP): $(PY) pyproject.toml $(CSRC)
 	$(PY) -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))' > $(VENV)/build-requirements.txt
 	$(PY) -m pip install --quiet -r $(VENV)/build-requirements.txt
 	$(PY) -m pip install --quiet --no-build-isolation -e '.[dev]'
@@ -35,3 +35,7 @@ test-slow: $(STAMP)
 clean:
 	rm -rf build *.egg-info $(VENV)
 	find fxmobile -name '*.so' -delete
+
+# The differential fuzzer's long profile (the default profile runs in `make test`).
+fuzz-long: $(STAMP)
+	FXMOBILE_FUZZ_EXAMPLES=20000 $(PY) -m pytest tests/test_fuzz.py -q -p no:cacheprovider
