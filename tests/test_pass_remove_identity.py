@@ -80,3 +80,24 @@ def test_non_neutral_and_rounding_division_kept() -> None:
     gm, rewrites, _ = _run(M(), x)
     assert rewrites == 0
     assert_equivalent(M(), gm, x)
+
+
+class CopyThenInPlace(nn.Module):
+    """Found by the fuzzer: without the copy ``x + 0`` makes, relu_ would write to the input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.act(x + 0), x * 1
+
+
+def test_identity_whose_copy_is_written_or_returned_is_kept() -> None:
+    x = torch.randn(1, 1, 3)
+    gm, rewrites, skips = _run(CopyThenInPlace(), x)
+    assert rewrites == 0
+    assert skips == {"result is written in place or returned (x + 0 is a fresh copy)": 2}
+    given = x.clone()
+    out, same = gm(given)
+    assert torch.equal(given, x) and same is not given

@@ -8,7 +8,9 @@ The arithmetic forms are removed only when the result provably has the input's d
 scalar must be a Python int or float and the input's dtype known (from shape propagation) to be
 one that the scalar does not promote. ``True + 0`` is ``int64``, and ``int_tensor + 0.0`` is
 float, so without example inputs only ``nn.Identity`` goes. ``torch.div`` with a rounding mode
-and ``add``/``sub`` with a keyword other than ``alpha`` are left alone.
+and ``add``/``sub`` with a keyword other than ``alpha`` are left alone, and so is an
+arithmetic identity whose result is written in place or returned: ``x + 0`` is a fresh tensor,
+and without it ``relu_`` would write to ``x`` (found by the differential fuzzer).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from torch import fx, nn
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.graph_utils import (
     erase_unused_attributes,
+    is_pure,
     module_of,
     replace_node,
     tensor_meta,
@@ -74,6 +77,43 @@ def _neutral_operand(node: fx.Node) -> fx.Node | str | None:
     return tensor
 
 
+_VIEWS = frozenset(
+    {
+        "view",
+        "reshape",
+        "flatten",
+        "transpose",
+        "permute",
+        "squeeze",
+        "unsqueeze",
+        "expand",
+        "narrow",
+        "select",
+        "t",
+        "contiguous",
+        "detach",
+        "view_as",
+        "unflatten",
+    }
+)
+
+
+def _copy_is_observable(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """Whether ``x + 0`` being a new tensor matters: an in-place op writes to it (or to a view
+    of it), or it is returned, so dropping the copy would let the write reach ``x`` (the
+    caller's input, say) or hand the caller its own tensor back."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        for user in current.users:
+            if user.op == "output" or not is_pure(gm, user):
+                return True
+            name = user.target if user.op == "call_method" else getattr(user.target, "__name__", "")
+            if name in _VIEWS or user.target is operator.getitem:
+                stack.append(user)
+    return False
+
+
 def _is_scalar(value: object, neutral: int) -> bool:
     return type(value) in (int, float) and value == neutral
 
@@ -90,6 +130,8 @@ class RemoveIdentity(FxPass):
                 source = node.args[0] if node.args else None
             else:
                 source = _neutral_operand(node)
+                if isinstance(source, fx.Node) and _copy_is_observable(gm, node):
+                    source = "result is written in place or returned (x + 0 is a fresh copy)"
             if isinstance(source, str):
                 skips.add(source)
                 continue
