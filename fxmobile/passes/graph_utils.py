@@ -111,3 +111,45 @@ def erase_unused_attributes(gm: fx.GraphModule) -> int:
     before = sum(1 for _ in gm.modules())
     gm.delete_all_unused_submodules()
     return removed + before - sum(1 for _ in gm.modules())
+
+
+# Ops whose result may share memory with their input: an in-place write through one reaches it.
+VIEW_OPS = frozenset(
+    {
+        "view",
+        "reshape",
+        "flatten",
+        "transpose",
+        "permute",
+        "squeeze",
+        "unsqueeze",
+        "expand",
+        "narrow",
+        "select",
+        "t",
+        "contiguous",
+        "detach",
+        "view_as",
+        "unflatten",
+        "getitem",
+    }
+)
+
+
+def written_in_place(gm: fx.GraphModule, node: fx.Node, skip: fx.Node | None = None) -> bool:
+    """Whether an in-place op writes to ``node``'s value, directly or through a view of it.
+
+    ``skip`` is a user to ignore (the node being considered for removal itself).
+    """
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        for user in current.users:
+            if user is skip or user.op == "output":
+                continue
+            if not is_pure(gm, user):
+                return True
+            name = user.target if user.op == "call_method" else getattr(user.target, "__name__", "")
+            if name in VIEW_OPS:
+                stack.append(user)
+    return False

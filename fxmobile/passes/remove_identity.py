@@ -24,10 +24,10 @@ from torch import fx, nn
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.graph_utils import (
     erase_unused_attributes,
-    is_pure,
     module_of,
     replace_node,
     tensor_meta,
+    written_in_place,
 )
 from fxmobile.passes.infra import FxPass, PassResult, Skips
 
@@ -77,41 +77,13 @@ def _neutral_operand(node: fx.Node) -> fx.Node | str | None:
     return tensor
 
 
-_VIEWS = frozenset(
-    {
-        "view",
-        "reshape",
-        "flatten",
-        "transpose",
-        "permute",
-        "squeeze",
-        "unsqueeze",
-        "expand",
-        "narrow",
-        "select",
-        "t",
-        "contiguous",
-        "detach",
-        "view_as",
-        "unflatten",
-    }
-)
-
-
-def _copy_is_observable(gm: fx.GraphModule, node: fx.Node) -> bool:
-    """Whether ``x + 0`` being a new tensor matters: an in-place op writes to it (or to a view
-    of it), or it is returned, so dropping the copy would let the write reach ``x`` (the
-    caller's input, say) or hand the caller its own tensor back."""
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        for user in current.users:
-            if user.op == "output" or not is_pure(gm, user):
-                return True
-            name = user.target if user.op == "call_method" else getattr(user.target, "__name__", "")
-            if name in _VIEWS or user.target is operator.getitem:
-                stack.append(user)
-    return False
+def _copy_is_observable(gm: fx.GraphModule, node: fx.Node, source: fx.Node) -> bool:
+    """Whether ``x + 0`` being a new tensor matters: something writes in place to it or to
+    ``x`` (then the two would share the write), or it is returned (the caller would get its
+    own tensor back)."""
+    if any(user.op == "output" for user in node.users):
+        return True
+    return written_in_place(gm, node) or written_in_place(gm, source, skip=node)
 
 
 def _is_scalar(value: object, neutral: int) -> bool:
@@ -130,8 +102,8 @@ class RemoveIdentity(FxPass):
                 source = node.args[0] if node.args else None
             else:
                 source = _neutral_operand(node)
-                if isinstance(source, fx.Node) and _copy_is_observable(gm, node):
-                    source = "result is written in place or returned (x + 0 is a fresh copy)"
+                if isinstance(source, fx.Node) and _copy_is_observable(gm, node, source):
+                    source = "x or the result is written in place, or returned (x + 0 is a copy)"
             if isinstance(source, str):
                 skips.add(source)
                 continue

@@ -62,7 +62,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.shape_prop import TensorMetadata
 
 from fxmobile.options import MobileOptimizerType
-from fxmobile.passes.graph_utils import attr_of, module_of, tensor_meta
+from fxmobile.passes.graph_utils import attr_of, module_of, tensor_meta, written_in_place
 from fxmobile.passes.infra import FxPass, PassResult, Skips
 
 CL = torch.channels_last
@@ -136,6 +136,9 @@ def _plan(gm: fx.GraphModule, skips: Skips) -> _Plan:
     shapes_known = any(tensor_meta(n) is not None for n in gm.graph.nodes)
     for node in placeholders:
         reason = can_convert_input(node, shapes_known)
+        if reason is None and written_in_place(gm, node):
+            # a converted input is a copy: the forward's write would no longer reach the caller
+            reason = "input is written in place by forward"
         if reason is None and not any(_is_conv(gm, n) for n in _downstream([node])):
             # a 4-D input that no conv reads ([B, heads, T, D]) would only pay the copy
             reason = "4-D input reaches no 2-D conv (nothing to gain)"
