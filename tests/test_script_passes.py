@@ -241,3 +241,12 @@ def test_pass_with_nothing_to_do_reports_zero(pass_: object) -> None:
     module = frozen(nn.Sequential(nn.Linear(2, 2)))
     result = pass_.call(module, CTX)  # type: ignore[attr-defined]
     assert result.rewrites == 0 and not result.modified
+
+
+def test_conv1d_with_string_padding_is_left_alone() -> None:
+    """Found by the fuzzer: torch's rewrite breaks the graph for padding='same'."""
+    model = nn.Sequential(nn.Conv1d(2, 1, 1, padding="same"), nn.ReLU()).eval()
+    result = Conv1dToConv2d().call(frozen(model), CTX)
+    assert result.rewrites == 0 and result.skips == {"conv1d with string padding": 1}
+    Canonicalize().call(result.module, CTX)
+    assert_equivalent(model, result.module, torch.randn(1, 2, 3))
