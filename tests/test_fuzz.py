@@ -1,0 +1,695 @@
+"""Differential fuzzing: fxmobile's optimized model against eager, on random valid models.
+
+Every model ``tests.fuzz.models.model_specs()`` draws goes through each available stage
+(``optimize_fx``; ``optimize_fx(..., channels_last=True)`` when that adds a pass;
+``fxmobile.optimize(..., backend="CPU")``, both stages, when it exists) and must:
+
+- compute what eager computes, in eager's dtype, within the rounding bound of
+  ``assert_close_to_anchor`` (float64 anchor);
+- compute the same on a second call, and do to its input what eager does (in-place ops);
+- show the structure its FX passes promise: no dropout left, a BN that normalizes by batch
+  statistics left alone, a BN right after a conv / linear that only it reads folded, a
+  ``conv(x) * 2`` folded, a module still called at several sites untouched (each check
+  switches on when its pass shows in the report);
+- leave the caller's model and example inputs exactly as they were and share no storage
+  with the model;
+- or refuse with an ``FxMobileError`` that names the problem. A ``PassError`` (a pass crashed),
+  a ``NumericsError`` and any other exception are failures.
+
+Profiles: ``make test`` runs 500 models per stage, derandomized (the same models every run).
+``FXMOBILE_FUZZ_EXAMPLES=20000`` (``make fuzz-long``) runs that many, with a fresh random seed
+each run; a failure prints its ``@reproduce_failure`` blob and the minimal program, and
+``--hypothesis-seed=N`` repeats a run. Every failure found becomes a ``test_regression_*`` below.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import math
+import operator
+import os
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, assume, event, given, settings
+from torch import fx, nn
+from torch.utils import _pytree as pytree
+
+import fxmobile
+from fxmobile.backends.library import ExtensionUnavailableError
+from fxmobile.passes.pipeline import fx_pipeline
+from fxmobile.report.records import PassRecord, Status
+from fxmobile.report.records import Stage as RecordStage
+from tests.fuzz.models import (
+    PRODUCERS,
+    Block,
+    FuzzModel,
+    Kind,
+    Layout,
+    ModelSpec,
+    Value,
+    attr_base,
+    build,
+    example_input,
+    model_specs,
+)
+from tests.helpers import assert_equivalent, count_modules
+from tests.test_no_mutation import (
+    ModelSnapshot,
+    assert_outputs_identical,
+    assert_shares_no_storage,
+)
+
+DEFAULT_EXAMPLES = 500
+EXAMPLES = int(os.environ.get("FXMOBILE_FUZZ_EXAMPLES", DEFAULT_EXAMPLES))
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    derandomize=EXAMPLES <= DEFAULT_EXAMPLES,
+    database=None,
+    deadline=None,
+    print_blob=True,
+    # models are drawn block by block from the shapes; a draw is large and slow by design
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+class Stage(enum.Enum):
+    FX = "fx"  # optimize_fx
+    FX_CHANNELS_LAST = "fx-channels-last"  # optimize_fx(..., channels_last=True)
+    SCRIPT_CPU = "script-cpu"  # optimize(..., backend="CPU"): both stages
+
+
+HAS_SCRIPT_STAGE = hasattr(fxmobile, "optimize")
+HAS_CHANNELS_LAST = any(
+    p.optimization is fxmobile.MobileOptimizerType.CHANNELS_LAST
+    for p in fx_pipeline(channels_last=True)
+)
+STAGES = [
+    pytest.param(Stage.FX, id="fx"),
+    pytest.param(
+        Stage.FX_CHANNELS_LAST,
+        id="fx-channels-last",
+        marks=pytest.mark.skipif(
+            not HAS_CHANNELS_LAST,
+            reason="optimize_fx(channels_last=True) adds no pass yet (fx_pipeline ignores it)",
+        ),
+    ),
+    pytest.param(
+        Stage.SCRIPT_CPU,
+        id="script-cpu",
+        marks=pytest.mark.skipif(
+            not HAS_SCRIPT_STAGE,
+            reason="fxmobile.optimize (the TorchScript stage) is not exported yet: only the FX "
+            "stage is fuzzed",
+        ),
+    ),
+]
+
+# An FxMobileError that is not a refusal: a crash in a pass, a missing operator library, or the
+# optimizer's own numerical check catching a miscomputation.
+NOT_REFUSALS: tuple[type[Exception], ...] = (
+    fxmobile.PassError,
+    fxmobile.NumericsError,
+    ExtensionUnavailableError,
+)
+
+
+def optimize(stage: Stage, model: nn.Module, x: torch.Tensor) -> tuple[Any, fxmobile.Report]:
+    if stage is not Stage.SCRIPT_CPU:
+        result = fxmobile.optimize_fx(model, x, channels_last=stage is Stage.FX_CHANNELS_LAST)
+        return result.graph_module, result.report
+    mobile = fxmobile.optimize(model, example_inputs=x, backend="CPU")
+    return mobile.module, mobile.report
+
+
+def run(module: Callable[..., Any], spec: ModelSpec, dtype: torch.dtype | None = None) -> Any:
+    """``(outputs, input after the call)``: a fresh input each time (a forward may write to it;
+    a clone would lose the strided layout)."""
+    x = example_input(spec)
+    if dtype is not None:
+        x = x.to(dtype)
+    with torch.no_grad():
+        return module(x), x
+
+
+def leaves(outputs: Any) -> list[torch.Tensor]:
+    return [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+
+
+# ----------------------------------------------------------------------------- numerics
+
+# float64 rounds 2**29 times finer than float32 (unit roundoff 2**-53 against 2**-24).
+FLOAT64_PER_FLOAT32 = 2.0**-29
+# Floors of the bound, relative to the output's scale, for when eager's own error is zero or
+# small by luck (an exact model, a single output element): 1e-5 is about 80 float32 ulps of
+# the largest output; the float64 floor is the same 80 ulps in float64 (1e-5 * 2**-29).
+REL_FLOOR = {torch.float32: 1e-5, torch.float64: 1e-5 * FLOAT64_PER_FLOAT32}
+TINY = 1e-30  # an output that is exactly zero must stay (about) zero
+# An output that eager gets wrong by more than this fraction of its scale is mostly rounding
+# noise (``v - v`` fed to a BN on batch statistics, say): the ratio of two rounding noises has a
+# long tail there (4.6x seen), so it gets 32x eager's error instead of 4x. Such outputs are
+# rare (none among the 900 measured below): the bound stays tight for every other one.
+ILL_CONDITIONED = 1e-3
+
+
+def assert_close_to_anchor(
+    got: torch.Tensor, ref64: torch.Tensor, noise: float, dtype: torch.dtype, where: str
+) -> None:
+    """``|got - ref64| <= max(4 * noise, floor * scale) + tiny`` (32 * noise if ill-conditioned).
+
+    ``ref64`` is the model run in float64; ``noise`` is how far eager's rounding takes it from
+    there (``rounding_noise``); ``dtype`` is eager's dtype for this result. The optimized model
+    computes the same function with its rounding moved (a BN folded into a conv rounds
+    ``W * s`` once, a decomposed BN rounds ``x * s + t`` instead of
+    ``(x - mean) / sqrt(var + eps)``): its error is of eager's order, through the same
+    amplification (cancellation after a BN, division by a small constant), so a few times
+    eager's error covers it. The floor covers the outputs where
+    eager's own error is small by luck. Measured on 900 fuzzed outputs with every pass enabled:
+    the optimized error reached 5.8x eager's (99th percentile 4.5x), never 5% of the bound. A
+    bug (a lost bias, a wrong weight axis, a corrupted shared conv) is off by a sizeable
+    fraction of the output's scale: orders of magnitude beyond the bound.
+    """
+    assert got.shape == ref64.shape, f"{where}: shape {tuple(got.shape)} != {tuple(ref64.shape)}"
+    if not ref64.numel():
+        return
+    err = float((got.double() - ref64).abs().max())
+    scale = float(ref64.abs().max())
+    factor = 32 if noise > ILL_CONDITIONED * scale else 4
+    bound = max(factor * noise, REL_FLOOR[dtype] * scale) + TINY
+    assert err <= bound, (
+        f"{where}: max abs error {err:.3g} against the float64 anchor exceeds {bound:.3g} "
+        f"(eager's own error {noise:.3g}, output scale {scale:.3g})"
+    )
+
+
+def in_dtype(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """A copy with every floating tensor in ``dtype``, plain tensor attributes included
+    (``Module.to`` converts only parameters and buffers)."""
+    copied = copy.deepcopy(model).to(dtype)
+    for sub in copied.modules():
+        for name, value in list(vars(sub).items()):
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                object.__setattr__(sub, name, value.to(dtype))
+    return copied
+
+
+def results(module: Callable[..., Any], spec: ModelSpec, dtype: torch.dtype | None = None) -> Any:
+    """The tensors a call produces: its outputs, and its input after the call (a forward that
+    writes to its input in place computes values into it, like an output)."""
+    outputs, written_input = run(module, spec, dtype)
+    return [*leaves(outputs), written_input]
+
+
+def rounding_noise(
+    model: nn.Module, spec: ModelSpec, eager: list[torch.Tensor], ref64: list[torch.Tensor]
+) -> list[float]:
+    """Per result, how far eager's rounding takes it from the float64 anchor.
+
+    Eager's own distance; for a float64 result (a float64 model, or a float32 one that a
+    float64 constant promoted) at least 2**-29 of an all-float32 copy's distance: where eager
+    computes in float64 all along it *is* the anchor, and the float32 copy measures the
+    amplification its float64 rounding goes through.
+    """
+    copy32 = None
+    if any(e.dtype is torch.float64 for e in eager):
+        copy32 = results(in_dtype(model, torch.float32), spec, torch.float32)
+    noise = []
+    for i, (e, r) in enumerate(zip(eager, ref64, strict=True)):
+        if not r.numel():
+            noise.append(0.0)
+            continue
+        n = float((e.double() - r).abs().max())
+        if copy32 is not None and e.dtype is torch.float64:
+            n = max(n, FLOAT64_PER_FLOAT32 * float((copy32[i].double() - r).abs().max()))
+        noise.append(n)
+    return noise
+
+
+# ----------------------------------------------------------------------------- structure
+
+DROPOUT_MODULE_TYPES = (
+    nn.Dropout,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
+    nn.AlphaDropout,
+    nn.FeatureAlphaDropout,
+)
+# functional dropout -> (position, keyword, default) of its training flag
+DROPOUT_TRAINING_ARG: dict[Any, tuple[int, str, bool]] = {
+    F.dropout: (2, "training", True),
+    F.dropout1d: (2, "training", True),
+    F.dropout2d: (2, "training", True),
+    F.dropout3d: (2, "training", True),
+    F.alpha_dropout: (2, "training", False),
+    F.feature_alpha_dropout: (2, "training", False),
+    torch.dropout: (2, "train", True),
+    torch.feature_dropout: (2, "train", True),
+}
+
+
+def _is_eval_dropout(node: fx.Node) -> bool:
+    if node.op != "call_function" or node.target not in DROPOUT_TRAINING_ARG:
+        return False
+    position, keyword, default = DROPOUT_TRAINING_ARG[node.target]
+    if len(node.args) > position:
+        return node.args[position] is False
+    return node.kwargs.get(keyword, default) is False
+
+
+def batchnorm_sites(gm: fx.GraphModule) -> tuple[int, int]:
+    """(BN calls with running stats, BN calls normalizing by batch statistics) in ``gm``."""
+    running = batch_stats = 0
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            module = gm.get_submodule(node.target)
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                running += module.running_mean is not None
+                batch_stats += module.running_mean is None
+        elif node.op == "call_function" and node.target is F.batch_norm:
+            mean = node.args[1] if len(node.args) > 1 else node.kwargs.get("running_mean")
+            running += mean is not None
+            batch_stats += mean is None
+    return running, batch_stats
+
+
+def _has_running_stats(block: Block) -> bool:
+    if block.form == "module":
+        return bool(block.options["track_running_stats"])
+    return block.form != "function_batch_stats"
+
+
+def foldable_into_producer(spec: ModelSpec, block: Block) -> bool:
+    """A running-stats BN whose input is a conv / transposed conv / linear that only it reads,
+    with the channels on dim 1 (a Linear's features are dim 1 only for a 2-D input)."""
+    if block.kind is not Kind.BATCHNORM or not _has_running_stats(block) or block.src == 0:
+        return False
+    producer = spec.blocks[block.src - 1]
+    if producer.kind not in PRODUCERS or spec.references()[block.src] != 1:
+        return False
+    return producer.kind is not Kind.LINEAR or spec.values()[producer.src].dims == 0
+
+
+def live_values(spec: ModelSpec) -> set[int]:
+    """The values the outputs are computed from (following data edges only: a dead block may
+    go, even if it wrote in place to a live value, so this is a lower bound)."""
+    live = set(spec.outputs)
+    for i in reversed(range(len(spec.blocks))):
+        block = spec.blocks[i]
+        if i + 1 in live:
+            live.update(k for k in (block.src, block.other) if k is not None)
+    return live
+
+
+def ran(report: fxmobile.Report, name: str) -> bool:
+    return any(
+        p.name == name and p.stage is RecordStage.FX and p.status is Status.RAN
+        for p in report.passes
+    )
+
+
+def shared_paths(spec: ModelSpec) -> set[str]:
+    """Attribute names of the modules / tensors the program uses at several call sites."""
+    calls = [0] * len(spec.blocks)
+    for i, block in enumerate(spec.blocks):
+        calls[block.owner if block.owner is not None else i] += 1
+    paths: set[str] = set()
+    for i, block in enumerate(spec.blocks):
+        if calls[block.owner if block.owner is not None else i] > 1:
+            base = attr_base(i, block)
+            paths.update((base, f"{base}_weight", f"{base}_bias"))
+    return paths
+
+
+def assert_shared_untouched(spec: ModelSpec, model: FuzzModel, gm: fx.GraphModule) -> None:
+    """A module (or weight) still called at several sites of the optimized graph computes what
+    the original did: a fold into one site must go to a new module (pytorch/pytorch#104593).
+    One that is left with a single call site may have been replaced at its path: that is fine."""
+    sites: dict[str, int] = {}
+    for node in gm.graph.nodes:
+        if node.op in ("call_module", "get_attr"):
+            sites[str(node.target)] = sites.get(str(node.target), 0) + 1
+    for path in shared_paths(spec):
+        if sites.get(path, 0) < 2 or not hasattr(model, path):
+            continue
+        then, now = getattr(model, path), getattr(gm, path)
+        if isinstance(then, nn.Module):
+            then, now = then.state_dict(), now.state_dict()
+        else:
+            then, now = {path: then}, {path: now}
+        same = then.keys() == now.keys() and all(torch.equal(then[k], now[k]) for k in then)
+        assert same, (
+            f"{path} is called at {sites[path]} sites of the optimized graph and no longer "
+            f"holds the original tensors (rewritten in place? pytorch/pytorch#104593)"
+        )
+
+
+_PRODUCER_MODULES = (
+    nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d,
+    nn.Linear,
+)  # fmt: skip
+_PRODUCER_FUNCTIONS = (
+    F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d,
+    F.linear,
+)  # fmt: skip
+# y (op) c with a Python number c, in every spelling, as fold_conv_arithmetic documents it
+_SCALAR_OPS: dict[Any, str] = {
+    **dict.fromkeys((operator.add, torch.add, "add"), "add"),
+    **dict.fromkeys((operator.sub, torch.sub, "sub"), "sub"),
+    **dict.fromkeys((operator.mul, torch.mul, "mul"), "mul"),
+    **dict.fromkeys((operator.truediv, torch.div, "div"), "div"),
+}
+
+
+def _is_producer(gm: fx.GraphModule, node: fx.Node) -> bool:
+    if node.op == "call_module":
+        return type(gm.get_submodule(str(node.target))) in _PRODUCER_MODULES
+    if node.op != "call_function" or node.target not in _PRODUCER_FUNCTIONS:
+        return False
+    weights = [a for a in node.args[1:3] if isinstance(a, fx.Node)]
+    return bool(weights) and all(a.op == "get_attr" for a in weights)
+
+
+def missed_scalar_folds(gm: fx.GraphModule) -> list[str]:
+    """``conv(x) * 2``-style nodes left: a producer read only by an add/sub/mul/div with a
+    finite Python number (non-zero to divide by; ``c - y`` and ``c / y`` do not count)."""
+    missed = []
+    for node in gm.graph.nodes:
+        if not _is_producer(gm, node) or len(node.users) != 1:
+            continue
+        (user,) = node.users
+        key = user.target if user.op in ("call_function", "call_method") else None
+        if key not in _SCALAR_OPS or len(user.args) != 2 or set(user.kwargs) - {"alpha"}:
+            continue
+        op, (a, b) = _SCALAR_OPS[key], user.args
+        c = b if a is node else a
+        if type(c) not in (int, float) or not math.isfinite(c) or (op == "div" and c == 0):
+            continue
+        if a is not node and op in ("sub", "div"):
+            continue
+        if type(user.kwargs.get("alpha", 1)) in (int, float):
+            missed.append(user.format_node())
+    return missed
+
+
+def check_structure(
+    spec: ModelSpec, model: FuzzModel, gm: fx.GraphModule, report: fxmobile.Report
+) -> None:
+    blocks, refs = spec.blocks, spec.references()
+    if ran(report, "remove_dropout"):
+        left = sum(count_modules(gm, kind) for kind in DROPOUT_MODULE_TYPES)
+        assert left == 0, f"{left} dropout module call(s) left after remove_dropout"
+        left = sum(_is_eval_dropout(n) for n in gm.graph.nodes)
+        assert left == 0, f"{left} functional dropout(s) with training=False left"
+    running, batch_stats = batchnorm_sites(gm)
+    bns = [b for b in blocks if b.kind is Kind.BATCHNORM]
+    live = live_values(spec)
+    needed = sum(
+        not _has_running_stats(b) for i, b in enumerate(blocks) if i + 1 in live and b in bns
+    )
+    assert batch_stats >= needed, (
+        f"{needed} BN calls that the outputs need normalize by batch statistics in eager, "
+        f"{batch_stats} after optimizing (they must be left alone, pytorch/pytorch#71259)"
+    )
+    if ran(report, "conv_bn_fusion"):
+        must_fold = sum(foldable_into_producer(spec, b) for b in blocks)
+        total = sum(_has_running_stats(b) for b in bns)
+        assert running <= total - must_fold, (
+            f"{running} running-stats BN calls left of {total}: at least {must_fold} follow a "
+            f"conv / linear that only they read and must have folded"
+        )
+    if ran(report, "decompose_batchnorm"):
+        assert running == 0, f"{running} running-stats BN calls left after decompose_batchnorm"
+    if ran(report, "fold_conv_arithmetic"):
+        # y (op) number where y has other readers in the program may stay (those readers may
+        # be dead code that goes only after folding): every other one must have folded
+        may_stay = sum(
+            b.kind is Kind.ARITHMETIC and b.options["const"] == "scalar" and refs[b.src] > 1
+            for b in blocks
+        )
+        missed = missed_scalar_folds(gm)
+        assert len(missed) <= may_stay, (
+            f"constant arithmetic on a conv / linear output not folded: {missed}"
+        )
+    assert_shared_untouched(spec, model, gm)
+
+
+# ----------------------------------------------------------------------------- the fuzz test
+
+
+def report_coverage(spec: ModelSpec) -> None:
+    """Hypothesis events (``--hypothesis-show-statistics``): which hazards the models had."""
+    refs = spec.references()
+    event(f"input: {spec.input.dims}-D {spec.layout.value} {spec.input.dtype}")
+    for i, b in enumerate(spec.blocks):
+        event(f"block: {b.kind.value}")
+        if b.owner is not None:
+            event("module or weights called at several sites")
+        if b.inplace:
+            event("in-place op")
+        if refs[i + 1] > 1:
+            event("value with several consumers")
+        if foldable_into_producer(spec, b):
+            event(f"BN right after {spec.blocks[b.src - 1].kind.value}, foldable")
+        elif b.kind is Kind.BATCHNORM and not _has_running_stats(b):
+            event("BN on batch statistics")
+        if b.kind is Kind.ARITHMETIC and b.src and spec.blocks[b.src - 1].kind in PRODUCERS:
+            event(f"constant {b.options['op']} after {spec.blocks[b.src - 1].kind.value}")
+
+
+def check_model(stage: Stage, spec: ModelSpec) -> None:
+    report_coverage(spec)
+    model = build(spec)
+    snapshot = ModelSnapshot.take(model)
+    eager = results(model, spec)
+    ref64 = [t.double() for t in results(in_dtype(model, torch.float64), spec, torch.float64)]
+    assume(all(bool(t.isfinite().all()) for t in [*eager, *ref64]))
+    noise = rounding_noise(model, spec, eager, ref64)
+    given_input = example_input(spec)
+    try:
+        optimized, report = optimize(stage, model, given_input)
+    except NOT_REFUSALS:
+        raise
+    except fxmobile.FxMobileError as exc:
+        assert str(exc), f"{type(exc).__name__} without a message"
+        event(f"refused: {type(exc).__name__}")
+        snapshot.assert_unchanged(model)
+        return
+    snapshot.assert_unchanged(model)
+    assert torch.equal(given_input, example_input(spec)), "optimizing wrote to example_inputs"
+    assert_outputs_identical(eager, results(model, spec))
+    assert_shares_no_storage(optimized, model)
+
+    got = results(optimized, spec)
+    assert len(got) == len(ref64), "the optimized model returns a different structure"
+    for i, (g, e, r, n) in enumerate(zip(got, eager, ref64, noise, strict=True)):
+        # the last result is what the call left in its input (eager may write to it)
+        where = "the input after the call" if i == len(got) - 1 else f"output {i}"
+        assert g.dtype == e.dtype, f"{where} is {g.dtype}, eager's {e.dtype} (pytorch#76578)"
+        assert_close_to_anchor(g, r, n, e.dtype, where)
+    for i, (a, g) in enumerate(zip(results(optimized, spec), got, strict=True)):
+        assert torch.equal(a, g), f"result {i} differs on a second call (pytorch/pytorch#52463)"
+    if stage is not Stage.SCRIPT_CPU:
+        check_structure(spec, model, optimized, report)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths")
+@FUZZ
+@given(spec=model_specs())
+def test_optimized_model_matches_eager(stage: Stage, spec: ModelSpec) -> None:
+    check_model(stage, spec)
+
+
+# ----------------------------------------------------------------------------- the oracle itself
+
+
+def test_bound_tells_rounding_from_a_bug() -> None:
+    """A BN folded with its bias dropped fails the bound; eager's own rounding passes it."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 6, 6)
+    conv, bn = nn.Conv2d(4, 5, 3, bias=False), nn.BatchNorm2d(5)
+    model = nn.Sequential(conv, bn).eval()
+    mean, var = torch.randn(5), torch.rand(5) + 0.5
+    bn.running_mean, bn.running_var = mean.clone(), var.clone()
+    with torch.no_grad():
+        ref64 = copy.deepcopy(model).double()(x.double())
+        eager = model(x)
+        noise = float((eager.double() - ref64).abs().max())
+        assert_close_to_anchor(eager, ref64, noise, torch.float32, "eager")
+        s = bn.weight / torch.sqrt(var + bn.eps)
+        folded = copy.deepcopy(conv)
+        folded.weight.mul_(s.reshape(-1, 1, 1, 1))
+        lost_bias = folded(x)  # W' folded, b' = beta - mean * s forgotten (pytorch#127227)
+    with pytest.raises(AssertionError, match="exceeds"):
+        assert_close_to_anchor(lost_bias, ref64, noise, torch.float32, "lost bias")
+
+
+def test_structure_checks_see_what_did_not_happen() -> None:
+    """Given the unoptimized graph and a report claiming the passes ran, every structural check
+    fires: a BN after a conv it alone reads, a dropout module, ``conv(x) * 2``."""
+    f32 = torch.float32
+    x, y = Value(2, (4, 4), f32), Value(3, (4, 4), f32)
+    conv = {"out_channels": 3, "kernel": (3, 3), "stride": (1, 1), "padding": (1, 1)}
+    conv |= {"dilation": (1, 1), "groups": 1, "bias": False, "padding_mode": "zeros"}
+    bn = {"eps": 1e-5, "affine": True, "track_running_stats": True}
+    dropout = {"fn": "Dropout", "p": 0.5, "inplace": False}
+    cases = {
+        "conv_bn_fusion": (Block(Kind.BATCHNORM, "module", 1, y, bn), "must have folded"),
+        "decompose_batchnorm": (Block(Kind.BATCHNORM, "module", 1, y, bn), "BN calls left"),
+        "remove_dropout": (Block(Kind.DROPOUT, "module", 1, y, dropout), "dropout module"),
+        "fold_conv_arithmetic": (
+            Block(Kind.ARITHMETIC, "operator", 1, y, {"op": "mul", "const": "scalar", "value": 2}),
+            "not folded",
+        ),
+    }
+    for name, (block, message) in cases.items():
+        blocks = (Block(Kind.CONV, "module", 0, y, conv), block)
+        spec = ModelSpec(x, 1, Layout.CONTIGUOUS, blocks, (2,), 0)
+        model = build(spec)
+        gm = fx.symbolic_trace(model)
+        report = fxmobile.Report("FuzzModel", [PassRecord(name, RecordStage.FX, Status.RAN)])
+        with pytest.raises(AssertionError, match=message):
+            check_structure(spec, model, gm, report)
+
+    # a conv called twice, rewritten in place (pytorch/pytorch#104593)
+    same = {**conv, "out_channels": 2}
+    blocks = (
+        Block(Kind.CONV, "module", 0, x, same),
+        Block(Kind.CONV, "module", 1, x, same, owner=0),
+    )
+    spec = ModelSpec(x, 1, Layout.CONTIGUOUS, blocks, (2,), 0)
+    model = build(spec)
+    gm = fx.symbolic_trace(copy.deepcopy(model))
+    with torch.no_grad():
+        gm.get_parameter("b0.weight").mul_(2)
+    with pytest.raises(AssertionError, match="rewritten in place"):
+        check_structure(spec, model, gm, fxmobile.Report("FuzzModel"))
+
+
+def test_generated_models_are_valid_and_traceable() -> None:
+    """The generator's promise, checked apart from fxmobile: eager runs, fx traces the model."""
+
+    @settings(max_examples=50, derandomize=True, database=None, deadline=None)
+    @given(spec=model_specs())
+    def check(spec: ModelSpec) -> None:
+        model = build(spec)
+        out, _ = run(model, spec)
+        for t, v in zip(leaves(out), [spec.values()[k] for k in spec.outputs], strict=True):
+            assert tuple(t.shape) == v.shape(spec.batch), spec
+            assert t.dtype == v.dtype, spec
+        gm = fx.symbolic_trace(copy.deepcopy(model))
+        assert_outputs_identical(out, run(gm, spec)[0])
+        assert_outputs_identical(out, run(pickle.loads(pickle.dumps(model)), spec)[0])
+
+    check()
+
+
+# ----------------------------------------------------------------------------- regressions
+
+# Every failure the fuzzer found and shrank, as an explicit small model named after what it
+# guards (the fuzzer's shrunk program is in each docstring when it differs).
+
+
+class InPlaceOnInput(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.add_(1)
+
+
+@pytest.mark.parametrize(
+    "model", [nn.Sequential(nn.ReLU(inplace=True)), InPlaceOnInput()], ids=["relu_", "add_"]
+)
+def test_regression_example_inputs_not_written_by_shape_propagation(model: nn.Module) -> None:
+    """A model that writes to its input in place (as eager does) must not write to the caller's
+    ``example_inputs`` while being optimized: shape propagation ran the graph on them, once per
+    pass that needs shapes, and the final numerical check then compared against eager on
+    inputs that had changed (``x.add_(1)`` reported a 40% mismatch)."""
+    model.eval()
+    x = torch.tensor([[1.5], [-0.25]])
+    given = x.clone()
+    result = fxmobile.optimize_fx(model, given)
+    assert torch.equal(given, x), f"example_inputs changed: {x.flatten()} -> {given.flatten()}"
+    assert result.report.numerics_passed
+
+
+class InPlaceAfterAddZero(nn.Module):
+    """``y = x + 0`` is a new tensor: the in-place op on it must not reach ``x``."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = x + 0
+        F.hardswish(y, inplace=True)
+        return y, x * 2
+
+
+class InPlaceOnViewAfterMulOne(nn.Module):
+    """The fuzzer's shrunk case: the write goes through a view (flatten) of ``y = x * 1``."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r = torch.relu(x)
+        y = r * 1
+        y.flatten(1).relu_().sub_(1)
+        return y, r
+
+
+class InPlaceOnSourceAfterAddZero(nn.Module):
+    """The other direction (shrunk by the fuzzer): ``x`` is written after ``y = x + 0`` was
+    taken; ``y`` must keep the old values."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = x + 0
+        return nn.functional.relu(x, inplace=True), y
+
+
+@pytest.mark.parametrize(
+    "model", [InPlaceAfterAddZero(), InPlaceOnViewAfterMulOne(), InPlaceOnSourceAfterAddZero()]
+)
+def test_regression_identity_arithmetic_before_in_place_op(model: nn.Module) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4)
+    gm = fxmobile.optimize_fx(model.eval(), x.clone()).graph_module
+    expected_input, got_input = x.clone(), x.clone()
+    with torch.no_grad():
+        expected, got = model(expected_input), gm(got_input)
+    for e, g in zip(expected, got, strict=True):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+    assert torch.equal(got_input, expected_input), "the optimized model wrote to its input"
+
+
+class ReluInPlaceOnInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 1, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(torch.relu_(x))
+
+
+def test_regression_channels_last_keeps_the_write_to_the_input() -> None:
+    """Eager ``relu_`` on the input writes to the caller's tensor; converting the input to
+    channels-last made the write land on a copy (found by the fuzzer with ToChannelsLast)."""
+    torch.manual_seed(0)
+    model = ReluInPlaceOnInput().eval()
+    x = torch.randn(1, 2, 3, 3)
+    gm = fxmobile.optimize_fx(model, x.clone(), channels_last=True).graph_module
+    expected_input, got_input = x.clone(), x.clone()
+    with torch.no_grad():
+        torch.testing.assert_close(gm(got_input), model(expected_input))
+    assert torch.equal(got_input, expected_input), "the write to the input was lost"
+
+
+@pytest.mark.skipif(not HAS_SCRIPT_STAGE, reason="fxmobile.optimize is not exported yet")
+@pytest.mark.parametrize("padding", ["same", "valid"])
+def test_regression_script_conv1d_with_string_padding(padding: str) -> None:
+    """``Conv1d(padding="same")`` traces to the ``aten::conv1d.padding`` overload (a string);
+    the conv1d -> conv2d rewrite treated it as ``int[]`` and the next pass crashed with a torch
+    INTERNAL ASSERT ("Expected GenericList but got String")."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv1d(2, 3, 3, padding=padding)).eval()
+    x = torch.randn(1, 2, 5)
+    result = fxmobile.optimize(model, example_inputs=x, backend="CPU")
+    assert_equivalent(model, result.module, x)
