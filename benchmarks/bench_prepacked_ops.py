@@ -5,10 +5,11 @@ clamp, the graph they replace. This measures every convolution and linear shape 
 torchvision's mobilenet_v2 and resnet18 (batch 1, 224x224, 2 threads), each with the clamp its
 model applies after it (relu6 -> [0, 6], relu -> [0, inf), none), for two input layouts:
 contiguous NCHW (what a model's first layer, or any eager op, hands over) and channels-last
-(what a prepacked convolution itself produces). Eager and prepacked calls are interleaved
-round by round on the same input tensor, and the table reports per-call medians, the
-prepacked/eager ratio (below 1 is faster), and, for mobilenet_v2, the sum over all its 52
-convolutions as the model runs them (shapes weighted by how often they occur).
+(what a prepacked convolution itself produces). Eager and prepacked calls run interleaved in
+one process on the same input tensors, every call once per round in a new random order, and
+the table reports per-call medians, the prepacked/eager ratio (below 1 is faster), and, for
+mobilenet_v2, the sum over all its 52 convolutions as the model runs them (shapes weighted by
+how often they occur).
 
 Run: ``python benchmarks/bench_prepacked_ops.py [--rounds N]``.
 """
@@ -16,6 +17,7 @@ Run: ``python benchmarks/bench_prepacked_ops.py [--rounds N]``.
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -235,18 +237,28 @@ def build_case(model: str, shape: Shape, count: int, gen: torch.Generator) -> Ca
     return case
 
 
-def measure(cases: list[Case], rounds: int, warmup: int = 5) -> None:
-    """Interleaves every call of every case once per round; records seconds per call."""
+def measure(cases: list[Case], rounds: int, warmup: int = 5, seed: int = 0) -> None:
+    """Times every call of every case once per round, in a new random order each round.
+
+    The shuffle keeps any one call from always following the same other call (a large eager
+    convolution, say, whose freed buffers slow whatever runs next); seconds per call are
+    recorded in ``case.times``.
+    """
+    calls = [
+        (case, layout, kind, fn)
+        for case in cases
+        for layout, pair in case.calls.items()
+        for kind, fn in zip(("eager", "run"), pair, strict=True)
+    ]
+    order = random.Random(seed)
     for r in range(warmup + rounds):
-        for case in cases:
-            for layout, (eager, run) in case.calls.items():
-                order = (("eager", eager), ("run", run))
-                for kind, fn in order if r % 2 else order[::-1]:
-                    t0 = time.perf_counter()
-                    fn()
-                    dt = time.perf_counter() - t0
-                    if r >= warmup:
-                        case.times[(layout, kind)].append(dt)
+        order.shuffle(calls)
+        for case, layout, kind, fn in calls:
+            t0 = time.perf_counter()
+            fn()
+            dt = time.perf_counter() - t0
+            if r >= warmup:
+                case.times[(layout, kind)].append(dt)
 
 
 def _median_us(case: Case, layout: str, kind: str) -> float | None:
@@ -296,21 +308,24 @@ def report(cases: list[Case]) -> str:
             sums["cl_e"] += c.count * ce
             sums["cl_r"] += c.count * cr
             n_convs += c.count
-    rows.append(
-        [
-            "mobilenet_v2",
-            "SUM of all convs (x count)",
-            n_convs,
-            "",
-            sums["nchw_e"],
-            sums["nchw_r"],
-            sums["nchw_r"] / sums["nchw_e"],
-            sums["cl_e"],
-            sums["cl_r"],
-            sums["cl_r"] / sums["cl_e"],
-        ]
-    )
+    if n_convs:
+        rows.append(_sum_row(sums, n_convs))
     return tabulate(rows, headers=headers, floatfmt=".2f", missingval="-")
+
+
+def _sum_row(sums: dict[str, float], n_convs: int) -> list[object]:
+    return [
+        "mobilenet_v2",
+        "SUM of all convs (x count)",
+        n_convs,
+        "",
+        sums["nchw_e"],
+        sums["nchw_r"],
+        sums["nchw_r"] / sums["nchw_e"],
+        sums["cl_e"],
+        sums["cl_r"],
+        sums["cl_r"] / sums["cl_e"],
+    ]
 
 
 def main() -> None:

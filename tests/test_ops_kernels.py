@@ -5,8 +5,9 @@ Each ``*_run`` op equals its eager reference, computed in float64: ``F.conv2d`` 
 ``F.conv1d``, ``F.layer_norm``, ``F.batch_norm``, ``torch.gru``, ``torch.lstm``. Convolutions
 are swept (hypothesis, derandomized) over strides, padding, dilation, groups (depthwise
 included), output padding, bias and both input memory formats; the explicit cases below pin
-each execution path of the convolution kernel (1x1 GEMM, oneDNN on channels-last, oneDNN on
-large strided NCHW, the ATen fallback) and the refusals upstream makes.
+each execution path of the convolution kernel (1x1 GEMM on NCHW, oneDNN on channels-last or
+transposed input, oneDNN on large or few-channel NCHW input, the ATen fallback) and the
+refusals upstream makes.
 """
 
 from __future__ import annotations
@@ -141,25 +142,55 @@ def test_conv2d_sweep(case: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
 @pytest.mark.parametrize(
-    "size",
-    [(1, 6, 3, 3), (1, 16, 12, 10), (2, 8, 9, 9)],
-    ids=["tiny-image", "gemm", "gemm-batch2"],
+    ("size", "nchw_out"),
+    [
+        ((1, 6, 3, 3), False),
+        ((1, 16, 12, 10), True),
+        ((2, 8, 9, 9), True),
+        ((1, 4, 30, 30), False),
+        ((1, 24, 30, 30), True),
+        ((1, 64, 64, 64), True),
+    ],
+    ids=["tiny-image", "gemm", "gemm-batch2", "expanding", "reducing", "large-input"],
 )
 @pytest.mark.parametrize("clamp", [(None, None), (0.0, 6.0)], ids=["noclamp", "relu6"])
-def test_conv2d_1x1_paths(size: tuple[int, ...], channels_last: bool, clamp: Clamp) -> None:
-    """1x1 convolutions: GEMM on NCHW data, oneDNN on channels-last or tiny images."""
+def test_conv2d_1x1_paths(
+    size: tuple[int, ...], nchw_out: bool, channels_last: bool, clamp: Clamp
+) -> None:
+    """1x1 convolutions (12 output channels) on each path: NCHW input stays NCHW on the GEMM
+    and on oneDNN's NCHW route (large input); the transposed route (tiny images, expanding
+    convolutions on large ones) and channels-last input give channels-last."""
     w, b = _rand(12, size[1], 1, 1, seed=4), _rand(12, seed=5)
     x = _layout(_rand(*size, seed=6), channels_last)
     _check_conv2d(x, w, b, [1, 1], [0, 0], [1, 1], 1, clamp)
-    y = ops.prepacked.conv2d_clamp_run(
-        x, ops.prepacked.conv2d_clamp_prepack(w, b, [1], [0], [1], 1)
-    )
-    nchw_gemm = not channels_last and size[2] * size[3] >= 64
-    assert y.is_contiguous() if nchw_gemm else y.is_contiguous(memory_format=torch.channels_last)
+    ctx = ops.prepacked.conv2d_clamp_prepack(w, b, [1], [0], [1], 1)
+    y = ops.prepacked.conv2d_clamp_run(x, ctx)
+    nchw = nchw_out and not channels_last
+    assert y.is_contiguous() if nchw else y.is_contiguous(memory_format=torch.channels_last)
 
 
-def test_conv2d_large_strided_nchw_runs_on_nchw() -> None:
-    """A large NCHW input to a strided conv is convolved in place, not transposed first."""
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    ("size", "out_channels"),
+    [((2, 48, 24, 24), 32), ((1, 96, 14, 14), 64)],
+    ids=["many-pixels", "many-channels"],
+)
+def test_conv2d_1x1_nchw_gemm_threads(
+    size: tuple[int, ...], out_channels: int, threads: int
+) -> None:
+    """The 1x1 NCHW GEMM, with one or two threads, on images with many pixels or channels."""
+    w, b = _rand(out_channels, size[1], 1, 1, seed=46) * 0.1, _rand(out_channels, seed=47)
+    x = _rand(*size, seed=48)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _check_conv2d(x, w, b, [1, 1], [0, 0], [1, 1], 1, (-0.2, 0.3))
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_conv2d_large_nchw_input_stays_nchw() -> None:
+    """A large NCHW input is convolved by oneDNN as NCHW, not transposed first."""
     x = _rand(1, 16, 256, 256, seed=7)  # 2**20 elements
     w, b = _rand(16, 1, 3, 3, seed=8), _rand(16, seed=9)
     _check_conv2d(x, w, b, [2, 2], [1, 1], [1, 1], 16, (0.0, 6.0))

@@ -16,14 +16,22 @@
 namespace fxmobile {
 namespace {
 
-// NCHW input that oneDNN convolves faster as NCHW than after a transpose: a large input to a
-// strided convolution (the transpose costs more than the smaller output saves), and an image
-// with few channels (oneDNN has kernels that read such NCHW input directly, e.g. RGB).
-constexpr int64_t kDirectNchwMinInput = 1 << 20;
+// How an NCHW activation is convolved (channels-last input always goes to oneDNN as is):
+//  * oneDNN on NCHW directly, with the plain weight (eager's algorithm, minus its separate clamp
+//    pass and weight reorder): for a large input, which a transpose or a GEMM would have to
+//    read again from memory, and for an image with few channels (oneDNN has kernels that read
+//    such NCHW input directly, e.g. RGB);
+//  * a 1x1 convolution on a mid-sized input: a GEMM straight on the NCHW data, then one pass
+//    that adds the bias and clamps (output NCHW);
+//  * otherwise: transposed to channels-last, then oneDNN with the prepacked weight, which
+//    writes the channels-last output once with bias and clamp fused. For 1x1 convolutions this
+//    wins on tiny images (the transpose is almost free) and for expanding ones (Cout > Cin) on
+//    images of 28x28 and up, whose output outweighs the input.
+// The thresholds come from measurements on mobilenet_v2/resnet18 shapes (2 threads, AVX-512).
+constexpr int64_t kDirectNchwMinInput = 1 << 18;
 constexpr int64_t kDirectNchwMaxChannels = 4;
-// A 1x1 convolution on NCHW input runs as a GEMM straight on the NCHW data, unless the image
-// is this small: then transposing it is cheap and oneDNN's 1x1 kernel wins.
 constexpr int64_t kGemmNchwMinPixels = 64;
+constexpr int64_t kTransposeExpandingMinPixels = 28 * 28;
 // A single-row linear with a weight at least this large splits its GEMV over the threads.
 constexpr int64_t kParallelGemvMinWeight = 1 << 16;
 
@@ -364,14 +372,21 @@ at::Tensor Conv2dKernel::run_fast(const at::Tensor& input) const {
     return run_onednn_nchw(input.as_strided(input.sizes(), {h * w, h * w, w, 1}));
   }
   const bool channels_last = input.is_contiguous(at::MemoryFormat::ChannelsLast);
+  const bool nchw = !channels_last && input.is_contiguous();
+  const bool large_nchw = nchw && input.numel() >= kDirectNchwMinInput;
   if (path_ == Path::kGemm) {
-    const bool onednn =
-        has_onednn_ && (channels_last || input.size(2) * input.size(3) < kGemmNchwMinPixels);
-    return onednn ? run_onednn(input) : run_gemm(input);
+    if (!has_onednn_) {
+      return run_gemm(input);
+    }
+    const int64_t pixels = input.size(2) * input.size(3);
+    const bool expanding = weight_.size(0) > weight_.size(1);
+    if (!nchw || pixels < kGemmNchwMinPixels ||
+        (expanding && pixels >= kTransposeExpandingMinPixels)) {
+      return run_onednn(input);
+    }
+    return large_nchw ? run_onednn_nchw(input) : run_gemm(input);
   }
-  if (!channels_last && input.is_contiguous() && !geo_.transposed &&
-      (input.size(1) <= kDirectNchwMaxChannels ||
-       (geo_.stride[0] * geo_.stride[1] > 1 && input.numel() >= kDirectNchwMinInput))) {
+  if (nchw && !geo_.transposed && (input.size(1) <= kDirectNchwMaxChannels || large_nchw)) {
     return run_onednn_nchw(input);
   }
   return run_onednn(input);
@@ -394,7 +409,9 @@ at::Tensor Conv2dKernel::run_gemm(const at::Tensor& input) const {
         y.mutable_data_ptr<float>(), n * h * w, cout, bias_data(bias_), false, cout, lo, hi);
     return y.view({n, h, w, cout}).permute({0, 3, 1, 2});
   }
-  // NCHW: per image, Y (Cout x HW) = W (Cout x Cin) X (Cin x HW).
+  // NCHW: per image, Y (Cout x HW) = W (Cout x Cin) X (Cin x HW). (Cutting it into per-thread
+  // tiles with the bias-and-clamp pass on cache-hot tiles measured slower than BLAS's own
+  // threading followed by one pass.)
   const at::Tensor x = input.contiguous().view({n, cin, h * w});
   at::Tensor y = at::empty({n, cout, h, w}, input.options());
   const at::Tensor y3 = y.view({n, cout, h * w});

@@ -6,13 +6,12 @@
 //   * convolution: the weight is reordered once into the blocked layout oneDNN's convolution
 //     reads (mkldnn::_reorder_convolution_weight; eager reorders it on every call), bias and
 //     clamp become oneDNN post-ops, and a run is one oneDNN call on a channels-last activation,
-//     whose output is channels-last. An NCHW activation is first transposed with a blocked
-//     transpose, except where that costs more than it saves:
-//       - 1x1 convolutions (stride 1, no padding, one group) run as a GEMM straight on the NCHW
-//         data, with the weight stored as a (Cout, Cin) matrix, and one pass that adds the bias
-//         and clamps (eager: bias fill, GEMM, separate clamp pass); the output stays NCHW;
-//       - a large input to a strided convolution, or an image with at most 4 channels,
-//         goes to oneDNN as NCHW (output NCHW);
+//     whose output is channels-last. An NCHW activation is transposed first (blocked AVX
+//     transpose), except where that costs more than it saves (see kernels.cpp): a large NCHW
+//     input, or one with at most 4 channels, goes to oneDNN as NCHW (output NCHW), and a 1x1
+//     convolution on a mid-sized NCHW input runs as a GEMM straight on the NCHW data, with the
+//     weight kept as a (Cout, Cin) matrix and one pass that adds the bias and clamps (eager:
+//     bias fill, GEMM, separate clamp pass), output NCHW;
 //   * linear: one GEMM (a GEMV split over the threads for a single row) and the same fused
 //     bias-and-clamp pass.
 // The contexts keep the original tensors as their pickled state; kernels are rebuilt from that
@@ -84,7 +83,7 @@ class Conv2dKernel {
 
   // Runs on a 4-D input of either memory format; the values equal conv2d (or
   // conv_transpose2d) followed by clamp. The output is channels-last, except on the paths
-  // that keep NCHW input as NCHW (1x1 GEMM, large strided input, few input channels).
+  // that keep NCHW input as NCHW (1x1 GEMM, large input, few input channels).
   at::Tensor run(const at::Tensor& input) const;
 
  private:
