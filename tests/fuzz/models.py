@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 CHANNEL_CAP = 16
-SPATIAL_CAP = {1: 16, 2: 12, 3: 7}
+SPATIAL_CAP = {1: 16, 2: 12, 3: 7}  # every value's spatial sizes stay within its rank's cap
 INPUT_SPATIAL = {1: (3, 9), 2: (3, 9), 3: (3, 6)}
 FLATTEN_CAP = 2048  # features a flatten may produce (the Linear after it stays small)
 MAX_BLOCKS = 8
@@ -621,7 +621,11 @@ def conv_dim_options(size: int, transposed: bool, padding_mode: str, cap: int) -
 def _same_fits(o: DimConv, size: int, padding_mode: str) -> bool:
     """padding="same" pads ``span - 1`` in total, the larger half after the input."""
     after = o.dilation * (o.kernel - 1) - o.dilation * (o.kernel - 1) // 2
-    return not (padding_mode == "reflect" and after >= size)
+    if padding_mode == "reflect":
+        return after < size
+    if padding_mode == "circular":  # wraps around at most once
+        return after <= size
+    return True
 
 
 def _divisors(n: int) -> list[int]:
@@ -645,11 +649,12 @@ def _draw_conv(draw: Draw, x: Value, transposed: bool) -> tuple[str, dict[str, A
     dims = []
     for size in x.spatial:
         options = conv_dim_options(size, transposed, padding_mode, SPATIAL_CAP[x.dims])
-        if style == "same":
+        if style == "same":  # stride 1, any kernel the padding mode allows: out = size
             options = [
-                replace(o, out=size)
-                for o in options
-                if o.stride == 1 and o.padding == 0 and _same_fits(o, size, padding_mode)
+                DimConv(1, dilation, kernel, 0, 0, size)
+                for dilation in (1, 2)
+                for kernel in (1, 2, 3)
+                if _same_fits(DimConv(1, dilation, kernel, 0, 0, size), size, padding_mode)
             ]
         elif style == "valid":
             options = [o for o in options if o.padding == 0]
@@ -673,7 +678,8 @@ def _draw_conv(draw: Draw, x: Value, transposed: bool) -> tuple[str, dict[str, A
 
 
 def _draw_linear(draw: Draw, x: Value) -> tuple[str, dict[str, Any], Value]:
-    out = draw(st.integers(1, 8))
+    # on a spatial value it sets the last dim: keep that within the rank's cap
+    out = draw(st.integers(1, min(8, SPATIAL_CAP[x.dims]) if x.dims else 8))
     form = draw(st.sampled_from(("module", "function")))
     opts: dict[str, Any] = {"out_features": out, "bias": draw(st.booleans())}
     if form == "function":
@@ -822,7 +828,12 @@ def _kinds(x: Value, src_kind: Kind | None, can_again: bool) -> list[Kind | None
         weights[Kind.CONV] = 3
         weights[Kind.CONV_TRANSPOSE] = 2
         weights[Kind.FLATTEN] = 1 if x.channels * math.prod(x.spatial) <= FLATTEN_CAP else 0
-    if x.dims < 3 and x.channels <= CHANNEL_CAP:  # not after a flatten: too many channels
+    # not after a flatten (too many channels), nor past the next rank's spatial cap
+    if (
+        x.dims < 3
+        and x.channels <= CHANNEL_CAP
+        and max(x.spatial, default=1) <= SPATIAL_CAP[x.dims + 1]
+    ):
         weights[Kind.UNSQUEEZE] = 1
     kinds: list[Kind | None] = [k for k in Kind for _ in range(weights.get(k, 0))]
     return [*kinds, None, None] if can_again else kinds
