@@ -27,7 +27,7 @@ from fxmobile.options import BlocklistItem, MobileOptimizerType, normalize_block
 from fxmobile.report import Report
 from fxmobile.report.numerics import DEFAULT_TOLERANCE, as_input_tuple, compare_outputs, run_model
 from fxmobile.script.freezing import bundled_inputs_attributes
-from fxmobile.script.graph_utils import existing_methods, op_histogram
+from fxmobile.script.graph_utils import existing_methods, op_histogram, unfused_ops
 from fxmobile.script.infra import ScriptContext
 from fxmobile.script.lints import generate_mobile_module_lints
 from fxmobile.script.manager import ScriptPassManager
@@ -126,6 +126,7 @@ def optimize(
         optimized._c._register_attribute(name, torch._C.BoolType.get(), value)
     report.passes.extend(records)
     report.ops_after = dict(op_histogram(optimized, methods))
+    report.unfused_ops = dict(unfused_ops(optimized, methods))
     report.file_bytes = len(lite_interpreter_bytes(optimized))
     report.lints = generate_mobile_module_lints(optimized)
     report.notes.extend(notes)

@@ -90,3 +90,46 @@ def test_numerics_report_flags_a_mismatch() -> None:
 def test_example_inputs_that_do_not_fit_are_refused() -> None:
     with pytest.raises(fxmobile.InvalidValueError, match=r"example_inputs do not run.*\(2, 5\)"):
         fxmobile.optimize_fx(nn.Linear(3, 3).eval(), torch.randn(2, 5))
+
+
+class _ConvReluAdd(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv(x)) + x
+
+
+def test_report_counts_the_ops_left_outside_packed_kernels() -> None:
+    model = _ConvReluAdd().eval()
+    report = fxmobile.optimize(model, example_inputs=torch.randn(1, 3, 8, 8)).report
+    assert report.unfused_ops == {"aten::add": 1}  # conv and relu run as one prepacked op
+    assert "ops left unfused: 1 (aten::add 1)" in str(report)
+    assert report.to_dict()["unfused_ops"] == {"aten::add": 1}
+
+    kept = fxmobile.optimize(
+        model,
+        {MobileOptimizerType.INSERT_FOLD_PREPACK_OPS},
+        example_inputs=torch.randn(1, 3, 8, 8),
+    ).report
+    assert kept.unfused_ops is not None
+    assert kept.unfused_ops.get("aten::conv2d") == 1
+
+
+def test_interleaved_medians_runs_every_candidate_each_round() -> None:
+    from fxmobile.report.timing import interleaved_medians
+
+    calls = {"a": 0, "b": 0}
+
+    def bump(name: str) -> None:
+        calls[name] += 1
+
+    timings = interleaved_medians(
+        {"a": lambda: bump("a"), "b": lambda: bump("b")}, rounds=7, warmup=1
+    )
+    assert calls == {"a": 8, "b": 8}
+    assert {t.runs for t in timings.values()} == {7}
+    assert all(t.p10_ms <= t.median_ms <= t.p90_ms for t in timings.values())
+    with pytest.raises(ValueError, match="at least 1"):
+        interleaved_medians({"a": lambda: None}, rounds=0)

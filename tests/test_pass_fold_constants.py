@@ -217,9 +217,7 @@ class StatsUpdate(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.functional:  # constant inputs, but it writes running stats: never evaluated
-            normed = F.batch_norm(
-                self.w, self.bn.running_mean, self.bn.running_var, training=True
-            )
+            normed = F.batch_norm(self.w, self.bn.running_mean, self.bn.running_var, training=True)
         else:  # x input: never evaluated; a training BN module counts as writing its buffers
             normed = self.bn(x)
         return x + normed + self.bn.get_buffer("running_mean") * 2

@@ -314,10 +314,14 @@ def test_functional_conv_with_computed_weight_is_left_alone() -> None:
 PROMOTES = "constant would promote the conv output from torch.float32 to"
 NEGATIVE: dict[str, tuple[Callable[[Any, torch.Tensor], Any], Any, str]] = {
     "spatial [1, 1, H, W]": (
-        lambda m, y: y * m.c, torch.rand(1, 1, 3, C) + 0.5, "constant varies over spatial dims"
+        lambda m, y: y * m.c,
+        torch.rand(1, 1, 3, C) + 0.5,
+        "constant varies over spatial dims",
     ),
     "[C] broadcasts over W": (
-        lambda m, y: y + m.c, per_channel(), "constant varies over spatial dims"
+        lambda m, y: y + m.c,
+        per_channel(),
+        "constant varies over spatial dims",
     ),
     "tensor with a zero in division": (
         lambda m, y: y / m.c,
@@ -326,7 +330,9 @@ NEGATIVE: dict[str, tuple[Callable[[Any, torch.Tensor], Any], Any, str]] = {
     ),
     "scalar zero division": (lambda m, y: y / 0.0, None, "division by a constant with a zero"),
     "c - y": (
-        lambda m, y: m.c - y, per_channel(1, 1), "constant minus conv output (c - y) is not folded"
+        lambda m, y: m.c - y,
+        per_channel(1, 1),
+        "constant minus conv output (c - y) is not folded",
     ),
     "c / y": (
         lambda m, y: torch.div(m.c, y),
@@ -335,7 +341,9 @@ NEGATIVE: dict[str, tuple[Callable[[Any, torch.Tensor], Any], Any, str]] = {
     ),
     "two users": (lambda m, y: (y * m.c, y.relu()), per_channel(1, 1), "conv output has 2 users"),
     "float64 constant promotes": (
-        lambda m, y: y + m.c, per_channel(1, 1, dtype=torch.float64), f"{PROMOTES} torch.float64"
+        lambda m, y: y + m.c,
+        per_channel(1, 1, dtype=torch.float64),
+        f"{PROMOTES} torch.float64",
     ),
     "complex scalar promotes": (lambda m, y: y * 1j, None, f"{PROMOTES} torch.complex64"),
     "rank 5 constant": (

@@ -64,10 +64,24 @@ BATCHNORM_MODULES: dict[type[nn.Module], int | None] = {
 # function -> its parameter names in order (FX keeps them positional or keyword as written)
 BATCHNORM_FUNCTIONS: dict[Any, tuple[str, ...]] = {
     F.batch_norm: (
-        "input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"
+        "input",
+        "running_mean",
+        "running_var",
+        "weight",
+        "bias",
+        "training",
+        "momentum",
+        "eps",
     ),
     torch.batch_norm: (
-        "input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps",
+        "input",
+        "weight",
+        "bias",
+        "running_mean",
+        "running_var",
+        "training",
+        "momentum",
+        "eps",
         "cudnn_enabled",
     ),
 }

@@ -345,9 +345,7 @@ def _drop_mutated(
                 skips.add("constant is mutated in place by the graph")
 
 
-def _choose_outputs(
-    gm: fx.GraphModule, values: dict[fx.Node, Any], skips: Skips
-) -> list[fx.Node]:
+def _choose_outputs(gm: fx.GraphModule, values: dict[fx.Node, Any], skips: Skips) -> list[fx.Node]:
     """The constant nodes to replace by buffers: those with a non-constant user."""
     folded = set(values)
     accepted: set[fx.Node] = set()

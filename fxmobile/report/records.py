@@ -100,6 +100,8 @@ class Report:
     # exported operator kinds and their counts, before and after the TorchScript stage
     ops_before: dict[str, int] | None = None
     ops_after: dict[str, int] | None = None
+    # ops a mobile runtime still dispatches one by one (see script.graph_utils.unfused_ops)
+    unfused_ops: dict[str, int] | None = None
     file_bytes: int | None = None  # size of the lite-interpreter file
     lints: list[dict[str, str]] | None = None  # generate_mobile_module_lints of the result
 
@@ -131,6 +133,7 @@ class Report:
             "backend": self.backend,
             "ops_before": self.ops_before,
             "ops_after": self.ops_after,
+            "unfused_ops": self.unfused_ops,
             "file_bytes": self.file_bytes,
             "lints": self.lints,
         }

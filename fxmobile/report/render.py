@@ -93,6 +93,8 @@ def render(report: Report, fmt: str) -> str:
         )
     if report.ops_after is not None:
         parts.append(_ops_table(report, fmt))
+    if report.unfused_ops is not None:
+        parts.append(_unfused_line(report.unfused_ops))
     if report.lints:
         rows = [[lint["name"], lint["message"]] for lint in report.lints]
         parts.append(
@@ -102,3 +104,11 @@ def render(report: Report, fmt: str) -> str:
         parts.append(f"lite-interpreter file: {_bytes(report.file_bytes)}")
     parts.extend(f"note: {note}" for note in report.notes)
     return "\n\n".join(parts)
+
+
+def _unfused_line(unfused: dict[str, int]) -> str:
+    total = sum(unfused.values())
+    if not total:
+        return "ops left unfused: 0 (every tensor op runs in a packed kernel)"
+    ranked = sorted(unfused.items(), key=lambda kv: (-kv[1], kv[0]))
+    return f"ops left unfused: {total} (" + ", ".join(f"{k} {n}" for k, n in ranked) + ")"

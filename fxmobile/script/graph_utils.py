@@ -57,6 +57,24 @@ def op_histogram(module: ScriptModule, methods: Sequence[str]) -> Counter[str]:
     return counts
 
 
+def unfused_ops(module: ScriptModule, methods: Sequence[str]) -> Counter[str]:
+    """Ops a mobile runtime dispatches one by one: nodes that produce a tensor without a packed
+    context. A prepacked run op (XNNPACK, Vulkan, Metal) or a quantized op reads its weights
+    from a context object and carries its bias and clamp with it; everything else that makes a
+    tensor (an add, a pool, a lone relu, a view) is one more kernel call and pass over memory.
+    """
+    counts: Counter[str] = Counter()
+    for name in methods:
+        for node in iter_nodes(module._c._get_method(name).inlined_graph):
+            if node.kind() in _BOOKKEEPING:
+                continue
+            makes_tensor = any(isinstance(v.type(), torch._C.TensorType) for v in node.outputs())
+            packed = any(isinstance(v.type(), torch._C.ClassType) for v in node.inputs())
+            if makes_tensor and not packed:
+                counts[node.kind()] += 1
+    return counts
+
+
 def count_kinds(module: ScriptModule, methods: Sequence[str], kinds: set[str]) -> int:
     """Nodes of the given kinds in ``methods``, submodule calls inlined."""
     return sum(
