@@ -22,7 +22,7 @@ $(STAMP): $(PY) pyproject.toml $(CSRC)
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m fxmobile.demo
+	$(VENV)/bin/fxmobile optimize torchvision:mobilenet_v2 -o build/mobilenet_v2.ptl --latency
 
 test: $(STAMP)
 	$(PY) -m ruff check fxmobile tests model_zoo_checks benchmarks

@@ -1,0 +1,106 @@
+"""How ``fxmobile optimize`` prints what it found: tables (terminal or Markdown) or JSON."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fxmobile.cli.common import human_bytes, table
+from fxmobile.mobile import MobileResult
+from fxmobile.report import OutputCheck
+from fxmobile.report.timing import Timing
+
+
+@dataclass
+class Outcome:
+    """Everything the command found, for printing in any format."""
+
+    result: MobileResult
+    reference: str  # what the outputs are checked against: "eager" or "original TorchScript"
+    output: Path
+    seconds: float
+    notes: list[str]
+    lite_checks: list[OutputCheck] | None = None
+    lite_skipped: str | None = None
+    latency: dict[str, Timing] | None = None
+    threads: int = 0
+    latency_skipped: str | None = None
+    failures: list[str] = field(default_factory=list)
+
+
+def render(outcome: Outcome, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(_to_dict(outcome), indent=2)
+    report = outcome.result.report
+    parts = [str(report) if fmt == "table" else report.to_markdown()]
+    size = human_bytes(outcome.output.stat().st_size)
+    parts.append(f"optimized in {outcome.seconds:.1f} s; saved {outcome.output} ({size})")
+    versus = f"lite interpreter vs {outcome.reference}"
+    if outcome.lite_checks is not None:
+        parts.append(f"{versus}:\n" + _checks_table(outcome.lite_checks, fmt))
+    else:
+        parts.append(f"{versus}: not checked, {outcome.lite_skipped}")
+    if outcome.latency is not None:
+        parts.append(_latency_table(outcome, fmt))
+    elif outcome.latency_skipped:
+        parts.append(f"latency: not measured, {outcome.latency_skipped}")
+    return "\n\n".join(parts)
+
+
+def _checks_table(checks: list[OutputCheck], fmt: str) -> str:
+    rows: list[list[object]] = [
+        [
+            c.path,
+            f"{c.max_abs_error:.3g}",
+            f"{c.reference_scale:.3g}",
+            f"{c.relative_error:.3g}",
+            f"{c.tolerance:.0e}",
+            "ok" if c.passed else "MISMATCH",
+        ]
+        for c in checks
+    ]
+    headers = ["output", "max abs err", "eager max abs", "relative", "tolerance", "check"]
+    return table(rows, headers, fmt)
+
+
+def _latency_table(outcome: Outcome, fmt: str) -> str:
+    timings = outcome.latency or {}
+    base = timings[outcome.reference].median_ms
+    rows: list[list[object]] = [
+        [
+            name,
+            f"{timings[name].median_ms:.2f}",
+            f"{timings[name].p10_ms:.2f}",
+            f"{timings[name].p90_ms:.2f}",
+            f"{base / timings[name].median_ms:.2f}×",
+        ]
+        for name in (outcome.reference, "optimized TorchScript", "lite interpreter")
+    ]
+    headers = ["latency", "median ms", "p10 ms", "p90 ms", f"speed-up vs {outcome.reference}"]
+    runs = timings[outcome.reference].runs
+    threads = f"{outcome.threads} thread" + ("s" if outcome.threads != 1 else "")
+    caption = f"({runs} rounds, candidates interleaved in random order, {threads})"
+    return table(rows, headers, fmt) + "\n" + caption
+
+
+def _to_dict(outcome: Outcome) -> dict[str, Any]:
+    return {
+        "output": str(outcome.output),
+        "reference": outcome.reference,
+        "file_bytes": outcome.output.stat().st_size,
+        "seconds": outcome.seconds,
+        "report": outcome.result.report.to_dict(),
+        "lite_numerics": None
+        if outcome.lite_checks is None
+        else [c.to_dict() for c in outcome.lite_checks],
+        "lite_numerics_skipped": outcome.lite_skipped,
+        "latency": None
+        if outcome.latency is None
+        else {name: t.to_dict() for name, t in outcome.latency.items()},
+        "latency_skipped": outcome.latency_skipped,
+        "threads": outcome.threads or None,
+        "notes": outcome.notes,
+        "failures": outcome.failures,
+    }

@@ -1,0 +1,561 @@
+"""The ``fxmobile`` command line, run in-process through ``main`` (plus one real subprocess).
+
+Each optimize test checks the file it wrote, not only the exit status: it loads the file with the
+lite interpreter and compares it with the eager model (``assert_equivalent``), or counts the real
+operators and packed contexts in it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+import torch.jit.mobile
+from torch import nn
+
+from fxmobile.cli import main
+from fxmobile.script.lints import generate_mobile_module_lints
+from tests.helpers import assert_equivalent
+
+MODEL_SOURCE = '''
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    """conv -> BN (non-trivial statistics) -> relu -> global mean -> linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 4)
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for tensor in [*self.parameters(), self.bn.running_mean]:
+                tensor.copy_(torch.randn(tensor.shape, generator=gen) * 0.5)
+            self.bn.running_var.copy_(torch.rand(8, generator=gen) + 0.5)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        return self.fc(y.mean((2, 3)))
+
+    @torch.jit.export
+    def features(self, x):
+        return self.conv(x)
+
+    def not_exported(self, x):
+        return x
+
+
+class NeedsArgs(nn.Module):
+    def __init__(self, width, depth=2):
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+
+
+def make_net():
+    return Net()
+
+
+def example_inputs():
+    return (torch.randn(1, 3, 12, 12),)
+'''
+
+SHAPE = "1,3,12,12"
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def import_source(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"_test_cli_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def lite_ops(path: Path) -> set[str]:
+    lite = torch.jit.mobile._load_for_lite_interpreter(str(path))
+    return {op.split(".")[0] for op in torch.jit.mobile._export_operator_list(lite)}
+
+
+def forward_ops(path: Path) -> dict[str, int]:
+    from fxmobile.script.graph_utils import op_histogram
+
+    return dict(op_histogram(torch.jit.load(str(path)), ["forward"]))
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("models") / "net.py"
+    path.write_text(MODEL_SOURCE)
+    return path
+
+
+@pytest.fixture(scope="module")
+def net(model_file: Path) -> nn.Module:
+    return import_source(model_file).Net().eval()
+
+
+@pytest.fixture(scope="module")
+def optimized_file(model_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Net optimized for the CPU by the CLI, shared by the lint and inspect tests."""
+    out = tmp_path_factory.mktemp("out") / "net.ptl"
+    assert main(["optimize", f"{model_file}:Net", "-o", str(out), "--input-shape", SHAPE]) == 0
+    return out
+
+
+# --- optimize ---------------------------------------------------------------------------------
+
+
+def test_optimize_python_file_writes_a_lite_file_that_matches_eager(
+    model_file: Path, net: nn.Module, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "sub" / "net.ptl"  # the parent directory is created
+    code, stdout, err = cli(
+        capsys, "optimize", f"{model_file}:Net", "-o", out, "--input-shape", SHAPE
+    )
+    assert code == 0, err
+    assert "fxmobile report: Net for CPU" in stdout
+    assert "conv_bn_fusion" in stdout
+    check = stdout.split("lite interpreter vs eager:")[1]
+    assert "ok" in check.split("\n\n")[0] and "MISMATCH" not in stdout
+    lite = torch.jit.mobile._load_for_lite_interpreter(str(out))
+    assert_equivalent(net, lite, torch.randn(1, 3, 12, 12), rel=1e-4)
+    assert {"prepacked::conv2d_clamp_run", "prepacked::linear_clamp_run"} <= lite_ops(out)
+    assert "aten::conv2d" not in lite_ops(out) and "aten::batch_norm" not in lite_ops(out)
+
+
+def test_factory_function_and_example_inputs_from_the_file_json(
+    model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "net.ptl"
+    code, stdout, _ = cli(
+        capsys, "optimize", f"{model_file}:make_net", "-o", out, "--format", "json"
+    )
+    assert code == 0
+    payload = json.loads(stdout)  # stdout carries the JSON document alone
+    assert payload["output"] == str(out)
+    assert payload["file_bytes"] == out.stat().st_size
+    assert payload["report"]["backend"] == "CPU"
+    assert payload["report"]["ops_after"]["prepacked::conv2d_clamp_run"] == 1
+    [check] = payload["lite_numerics"]  # example_inputs() in the file gave the inputs
+    assert check["passed"] and check["relative_error"] <= 1e-4
+    assert payload["failures"] == []
+
+
+def test_torchvision_model_with_randomized_batchnorm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "resnet18.ptl"
+    code, stdout, err = cli(
+        capsys,
+        "optimize",
+        "torchvision:resnet18",
+        "-o",
+        out,
+        "--input-shape",
+        "1,3,32,32",
+        "--format",
+        "json",
+    )
+    assert code == 0, err
+    assert "randomized the running statistics of its 20 BatchNorm layers" in err
+    payload = json.loads(stdout)
+    report = payload["report"]
+    assert report["model"] == "ResNet"
+    folds = [p for p in report["passes"] if p["name"] == "conv_bn_fusion" and p["stage"] == "fx"]
+    assert folds[0]["rewrites"] == 20
+    assert report["ops_after"]["prepacked::conv2d_clamp_run"] == 20
+    assert report["ops_after"]["prepacked::linear_clamp_run"] == 1
+    assert all(c["passed"] for c in payload["lite_numerics"])
+    assert forward_ops(out)["prepacked::conv2d_clamp_run"] == 20
+
+
+def test_saved_torchscript_files_as_spec(
+    net: nn.Module, optimized_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scripted = tmp_path / "net.pt"
+    torch.jit.save(torch.jit.script(net), str(scripted))
+    out = tmp_path / "from_pt.ptl"
+    code, stdout, err = cli(capsys, "optimize", scripted, "-o", out, "--input-shape", SHAPE)
+    assert code == 0, err
+    assert "lite interpreter vs original TorchScript:" in stdout
+    assert_equivalent(
+        net,
+        torch.jit.mobile._load_for_lite_interpreter(str(out)),
+        torch.randn(1, 3, 12, 12),
+        rel=1e-4,
+    )
+    # a file fxmobile wrote holds prepacked ops and contexts; it loads and optimizes again,
+    # without inputs too (then nothing is checked, and the output says so)
+    again = tmp_path / "again.ptl"
+    code, stdout, err = cli(capsys, "optimize", optimized_file, "-o", again)
+    assert code == 0, err
+    assert "lite interpreter vs original TorchScript: not checked, no example inputs" in stdout
+    assert forward_ops(again)["prepacked::conv2d_clamp_run"] == 1
+
+
+@pytest.mark.parametrize(
+    ("backend", "conv_op", "marker"),
+    [
+        ("vulkan", "vulkan_prepack::run_conv2d_context", "optimized_for_vulkan"),
+        ("metal", "metal_prepack::conv2d_run", "optimized_for_metal"),
+    ],
+)
+def test_gpu_backends_with_the_transfer_blocklisted_are_checked(
+    backend: str,
+    conv_op: str,
+    marker: str,
+    model_file: Path,
+    net: nn.Module,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = tmp_path / f"net_{backend}.ptl"
+    argv = ["optimize", f"{model_file}:Net", "-o", out, "--input-shape", SHAPE]
+    code, stdout, err = cli(
+        capsys, *argv, "--backend", backend.upper(), "--blocklist", "vulkan_automatic_gpu_transfer"
+    )
+    assert code == 0, err
+    assert f"fxmobile report: Net for {backend.upper()}" in stdout
+    assert "lite interpreter vs eager:\noutput" in stdout
+    assert conv_op in lite_ops(out)
+    assert torch.jit.load(str(out))._c.getattr(marker) is True
+    assert_equivalent(
+        net,
+        torch.jit.mobile._load_for_lite_interpreter(str(out)),
+        torch.randn(1, 3, 12, 12),
+        rel=1e-4,
+    )
+
+
+def test_vulkan_with_the_gpu_transfer_is_saved_but_not_checked(
+    model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "net_vulkan.ptl"
+    argv = ["optimize", f"{model_file}:Net", "-o", out, "--input-shape", SHAPE, "--latency"]
+    code, stdout, err = cli(capsys, *argv, "--backend", "vulkan")
+    assert code == 0, err
+    assert "lite interpreter vs eager: not checked" in stdout
+    assert "latency: not measured" in stdout
+    assert "VULKAN_AUTOMATIC_GPU_TRANSFER" in stdout  # the report's note says how to check it
+    assert "aten::to" in lite_ops(out)
+
+
+def test_blocklist_names_are_case_insensitive_and_take_effect(
+    model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "net.ptl"
+    argv = ["optimize", f"{model_file}:Net", "-o", out, "--input-shape", SHAPE, "--format", "json"]
+    code, stdout, _ = cli(
+        capsys, *argv, "--blocklist", "Insert-Fold-Prepack-Ops", "--blocklist", "REMOVE_DROPOUT"
+    )
+    assert code == 0
+    report = json.loads(stdout)["report"]
+    statuses = {(p["stage"], p["name"]): p["status"] for p in report["passes"]}
+    assert statuses[("fx", "remove_dropout")] == "blocklisted"
+    assert report["ops_after"].get("prepacked::conv2d_clamp_run", 0) == 0
+    assert forward_ops(out)["aten::conv2d"] == 1
+    assert "prepacked::conv2d_clamp_run" not in lite_ops(out)
+
+
+def test_python_file_imports_its_neighbours(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "blocks.py").write_text(
+        "from torch import nn\n\n"
+        "def block():\n    return nn.Sequential(nn.Linear(6, 3), nn.ReLU())\n"
+    )
+    (tmp_path / "model.py").write_text(
+        "from torch import nn\nfrom blocks import block\n\n"
+        "class Model(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.body = block()\n\n"
+        "    def forward(self, x):\n        return self.body(x)\n"
+    )
+    out = tmp_path / "model.ptl"
+    code, _, err = cli(
+        capsys, "optimize", f"{tmp_path}/model.py:Model", "-o", out, "--input-shape", "2,6"
+    )
+    assert code == 0, err
+    assert lite_ops(out) == {"prepacked::linear_clamp_run"}  # relu fused into the linear
+
+
+def test_channels_last_markdown_and_latency(
+    model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "net.ptl"
+    threads = torch.get_num_threads()
+    argv = ["optimize", f"{model_file}:Net", "-o", out, "--input-shape", SHAPE]
+    code, stdout, err = cli(
+        capsys,
+        *argv,
+        "--channels-last",
+        "--format",
+        "markdown",
+        "--latency",
+        "--rounds",
+        "3",
+        "--threads",
+        "1",
+    )
+    assert code == 0, err
+    assert "| stage " in stdout and "|---" in stdout  # GitHub tables
+    assert "INPUT_NOT_CHANNELS_LAST" not in stdout
+    latency = stdout.split("| latency")[1]
+    for row in ("eager", "optimized TorchScript", "lite interpreter"):
+        assert f"| {row}" in latency
+    assert "3 rounds" in latency and "1 thread)" in latency
+    assert torch.get_num_threads() == threads  # set for the timing only
+
+
+def test_preserved_method_is_kept(
+    model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "net.ptl"
+    argv = ["optimize", f"{model_file}:Net", "-o", out, "--input-shape", SHAPE]
+    code, _, err = cli(capsys, *argv, "--preserve", "features")
+    assert code == 0, err
+    assert set(torch.jit.load(str(out))._c._method_names()) >= {"forward", "features"}
+
+
+def test_numerics_failure_prints_the_report_then_exits_1(
+    model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "net.ptl"
+    argv = ["optimize", f"{model_file}:Net", "-o", out, "--input-shape", SHAPE]
+    code, stdout, err = cli(capsys, *argv, "--tolerance", "0")  # BN folding rounds differently
+    assert code == 1
+    assert "fxmobile report: Net" in stdout and "MISMATCH" in stdout
+    assert err.startswith("fxmobile: error: numerics check failed: ")
+    assert f"{out} was written" in err and out.exists()
+
+
+# --- error paths --------------------------------------------------------------------------------
+
+
+def _checkpoint(tmp: Path, net: nn.Module, optimized_file: Path) -> Path:
+    path = tmp / "weights.pt"
+    torch.save(net.state_dict(), path)
+    return path
+
+
+def _lite_only(tmp: Path, net: nn.Module, optimized_file: Path) -> Path:
+    """The optimized file without its TorchScript code: only the lite interpreter reads it."""
+    path = tmp / "lite_only.ptl"
+    with zipfile.ZipFile(optimized_file) as src, zipfile.ZipFile(path, "w") as dst:
+        for info in src.infolist():
+            if "/code/" not in info.filename:
+                dst.writestr(info, src.read(info))
+    return path
+
+
+def _garbage(tmp: Path, net: nn.Module, optimized_file: Path) -> Path:
+    path = tmp / "garbage.pt"
+    path.write_bytes(b"not a model")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "needle"),
+    [
+        (_checkpoint, "a torch.save checkpoint"),
+        (_lite_only, "only the lite interpreter can read this file"),
+        (_garbage, "not a zip archive"),
+    ],
+)
+def test_unreadable_files_are_explained(
+    make: Any,
+    needle: str,
+    net: nn.Module,
+    optimized_file: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = make(tmp_path, net, optimized_file)
+    for argv in (["optimize", path, "-o", tmp_path / "x.ptl"], ["lint", path], ["inspect", path]):
+        code, _, err = cli(capsys, *argv)
+        assert code == 1
+        assert err.startswith(f"fxmobile: error: {path}: ") and needle in err
+        assert "Traceback" not in err and "miniz" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "needles"),
+    [
+        (["timm:resnet18"], 1, ["unknown SPEC prefix 'timm:'", "torchvision:NAME"]),
+        (["{tmp}/missing.pt"], 1, ["missing.pt: no such file"]),
+        (["{tmp}/missing.py:Net"], 1, ["missing.py: no such file"]),
+        (["{model}:Nope"], 1, ["has no class or function 'Nope'", "Net, NeedsArgs"]),
+        (["{model}"], 1, ["name the model after a colon", "Net, NeedsArgs"]),
+        (["{model}:NeedsArgs"], 1, ["NeedsArgs() needs arguments (width)", "make_model"]),
+        (["torchvision:resnet19"], 1, ["torchvision has no model 'resnet19'", "resnet18"]),
+        (["torchvision:resnet18", "--weights", "FOO"], 1, ["'FOO'", "IMAGENET1K_V1"]),
+        (["torchvision:resnet18", "--input-shape", "1,3"], 1, ["ResNet does not run on input 1,3"]),
+        (["{model}:Net", "--weights", "DEFAULT"], 1, ["--weights applies to torchvision"]),
+        (["{model}:Net", "--preserve", "nope"], 1, ["Net has no method 'nope'"]),
+        (["{model}:Net", "--preserve", "not_exported"], 1, ["@torch.jit.export"]),
+        (["{model}:NeedsArgs", "--input-shape", "1,3,a"], 2, ["'1,3,a' is not a shape"]),
+        (["{model}:Net", "--input-shape", "1,0,3"], 2, ["'1,0,3' is not a shape"]),
+        (["{model}:Net", "--blocklist", "fold_all"], 2, ["'fold_all' is not an", "remove_dropout"]),
+        (["{model}:Net", "--backend", "cuda"], 2, ["invalid choice: 'cuda'", "vulkan"]),
+        (["{model}:Net", "--threads", "0"], 2, ["'0' is not a positive integer"]),
+        (["{model}:Net", "--input-shape", "1,3,5"], 1, ["example_inputs do not run through"]),
+        (["{model}:Net", "-o", "{tmp}"], 1, ["is a directory"]),
+    ],
+)
+def test_optimize_errors_name_the_culprit(
+    args: list[str],
+    status: int,
+    needles: list[str],
+    model_file: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = [a.format(tmp=tmp_path, model=model_file) for a in args]
+    out = tmp_path / "out.ptl"
+    code, stdout, err = cli(capsys, "optimize", "-o", out, *argv)  # a later -o wins
+    assert code == status
+    assert stdout == "" or "optimizing" in stdout
+    for needle in needles:
+        assert needle in err
+    assert "Traceback" not in err
+    assert not out.exists()
+
+
+def test_latency_without_inputs_and_missing_output_are_refused(
+    optimized_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = cli(capsys, "optimize", optimized_file, "-o", tmp_path / "x.ptl", "--latency")
+    assert code == 1 and "--latency needs example inputs; pass --input-shape" in err
+    code, _, err = cli(capsys, "optimize", optimized_file)
+    assert code == 2 and "-o/--output" in err
+
+
+def test_help_and_version(capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, _ = cli(capsys, "optimize", "--help")
+    assert code == 0
+    assert "torchvision:NAME" in stdout and "example_inputs()" in stdout
+    code, stdout, _ = cli(capsys, "--version")
+    assert code == 0 and stdout.startswith("fxmobile ")
+    code, _, err = cli(capsys)
+    assert code == 2 and "COMMAND" in err
+
+
+def test_python_dash_m_fxmobile_runs() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "fxmobile", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    for command in ("optimize", "lint", "inspect"):
+        assert command in done.stdout
+
+
+# --- lint ---------------------------------------------------------------------------------------
+
+
+def test_lint_exits_1_with_lints_and_lists_them(
+    optimized_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    expected = generate_mobile_module_lints(torch.jit.load(str(optimized_file)))
+    assert expected  # no bundled inputs, input not channels-last
+    code, stdout, _ = cli(capsys, "lint", optimized_file)
+    assert code == 1
+    for lint in expected:
+        assert lint["name"] in stdout
+    assert f"{len(expected)} lint(s)" in stdout
+    code, stdout, _ = cli(capsys, "lint", optimized_file, "--format", "json")
+    assert code == 1 and json.loads(stdout)["lints"] == expected
+
+
+class _Clean(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) + 1
+
+
+@pytest.mark.filterwarnings("ignore:TypedStorage is deprecated")  # inside bundled_inputs
+def test_lint_exits_0_on_a_model_without_lints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from torch.utils.bundled_inputs import augment_model_with_bundled_inputs
+
+    scripted = torch.jit.script(_Clean())
+    augment_model_with_bundled_inputs(scripted, [(torch.zeros(1, 4),)])
+    path = tmp_path / "clean.pt"
+    torch.jit.save(scripted, str(path))
+    assert generate_mobile_module_lints(torch.jit.load(str(path))) == []
+    code, stdout, _ = cli(capsys, "lint", path)
+    assert code == 0 and f"no lints in {path}" in stdout
+    code, stdout, _ = cli(capsys, "lint", path, "--format", "json")
+    assert code == 0 and json.loads(stdout)["lints"] == []
+
+
+# --- inspect ------------------------------------------------------------------------------------
+
+
+def test_inspect_counts_match_the_graph(
+    optimized_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, stdout, _ = cli(capsys, "inspect", optimized_file, "--format", "json")
+    assert code == 0
+    found = json.loads(stdout)
+    ops = found["ops"]["forward"]
+    assert ops == forward_ops(optimized_file)
+    assert found["methods"] == ["forward"]
+    assert found["file_bytes"] == optimized_file.stat().st_size
+    assert found["markers"] == {
+        "mobile_optimized": True,
+        "optimized_for_vulkan": None,
+        "optimized_for_metal": None,
+    }
+    shapes = {c["class_name"]: c["weight_shape"] for c in found["packed_contexts"]}
+    assert shapes == {
+        "__torch__.torch.classes.xnnpack.Conv2dOpContext": [8, 3, 3, 3],
+        "__torch__.torch.classes.xnnpack.LinearOpContext": [4, 8],
+    }
+    assert len(found["packed_contexts"]) == (
+        ops["prepacked::conv2d_clamp_run"] + ops["prepacked::linear_clamp_run"]
+    )
+    lite = torch.jit.mobile._load_for_lite_interpreter(str(optimized_file))
+    assert found["lite_operators"] == sorted(torch.jit.mobile._export_operator_list(lite))
+    assert found["unfused_ops"] == {"aten::mean": 1}
+
+    code, stdout, _ = cli(capsys, "inspect", optimized_file, "--contexts")
+    assert code == 0
+    assert "__torch__.torch.classes.xnnpack.Conv2dOpContext" in stdout and "8x3x3x3" in stdout
+    assert "mobile_optimized=True" in stdout and "ops left unfused: 1 (aten::mean 1)" in stdout
+
+
+def test_inspect_a_file_without_bytecode(
+    net: nn.Module, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "net.pt"
+    torch.jit.save(torch.jit.script(net), str(path))
+    code, stdout, _ = cli(capsys, "inspect", path, "--format", "json")
+    assert code == 0
+    found = json.loads(stdout)
+    assert (
+        found["lite_operators"] is None
+        and "no lite-interpreter bytecode" in found["lite_operators_note"]
+    )
+    assert found["packed_contexts"] == []
+    assert found["methods"] == ["forward", "features"]
+    assert found["ops"]["forward"]["aten::conv2d"] == 1
+    assert found["ops"]["features"] == {"aten::conv2d": 1}
