@@ -189,6 +189,58 @@ def test_conv2d_1x1_nchw_gemm_threads(
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize(
+    ("size", "kernel", "stride", "padding", "dilation"),
+    [
+        ((1, 16, 7, 7), 3, 1, 1, 1),  # direct loop: one register block of channels
+        ((2, 19, 14, 14), 5, 1, 2, 1),  # direct: a 3-channel tail, two images
+        ((1, 40, 14, 13), 3, 2, 0, 2),  # direct: stride, dilation, no padding
+        ((1, 24, 4, 4), 3, 1, 2, 1),  # direct: taps outside the image on every side
+        ((1, 32, 15, 15), 3, 1, 1, 1),  # 225 output pixels: oneDNN
+    ],
+    ids=["7x7", "tail-batch2", "strided-dilated", "all-padding", "onednn"],
+)
+@pytest.mark.parametrize("clamp", [(None, None), (0.0, 6.0), (-0.5, None)], ids=str)
+def test_depthwise_direct_and_onednn_paths(
+    size: tuple[int, ...],
+    kernel: int,
+    stride: int,
+    padding: int,
+    dilation: int,
+    channels_last: bool,
+    threads: int,
+    clamp: Clamp,
+) -> None:
+    """Depthwise convolutions on small maps run fxmobile's direct loop, larger ones oneDNN; both
+    match conv2d + clamp and write channels-last output."""
+    c = size[1]
+    w, b = _rand(c, 1, kernel, kernel, seed=60), _rand(c, seed=61)
+    x = _layout(_rand(*size, seed=62), channels_last)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _check_conv2d(x, w, b, [stride] * 2, [padding] * 2, [dilation] * 2, c, clamp)
+        ctx = ops.prepacked.conv2d_clamp_prepack(w, b, [stride], [padding], [dilation], c, *clamp)
+        y = ops.prepacked.conv2d_clamp_run(x, ctx)
+    finally:
+        torch.set_num_threads(before)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_depthwise_direct_path_propagates_nan() -> None:
+    c = 18
+    w = _rand(c, 1, 3, 3, seed=63)
+    x = _rand(1, c, 5, 5, seed=64)
+    x[0, 3, 2, 2] = float("nan")
+    ctx = ops.prepacked.conv2d_clamp_prepack(w, None, [1], [1], [1], c, 0.0, 6.0)
+    y = ops.prepacked.conv2d_clamp_run(x, ctx)
+    expected = F.conv2d(x, w, None, 1, 1, 1, c).clamp(0.0, 6.0)
+    assert torch.equal(y.isnan(), expected.isnan())
+    assert int(y.isnan().sum()) == 9  # every output whose window holds the NaN
+
+
 def test_conv2d_large_nchw_input_stays_nchw() -> None:
     """A large NCHW input is convolved by oneDNN as NCHW, not transposed first."""
     x = _rand(1, 16, 256, 256, seed=7)  # 2**20 elements

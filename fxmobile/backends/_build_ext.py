@@ -51,6 +51,17 @@ class BuildExtension(cpp_extension.BuildExtension):
             ext.language = "c++"
         super().build_extensions()
 
+    def copy_file(
+        self, infile: str, outfile: str, *args: object, **kwargs: object
+    ) -> tuple[str, bool]:
+        """Put the built library in place atomically (an editable install copies it into the
+        source tree). Copying over the old file rewrites pages that running processes, a test
+        run say, have mapped, and crashes them; a rename leaves them the old file."""
+        partial = f"{outfile}.partial"
+        _, copied = super().copy_file(infile, partial, *args, **kwargs)
+        os.replace(partial, outfile)
+        return outfile, copied
+
 
 def _add_unique(target: list[str], values: list[str] | tuple[str, ...]) -> None:
     target.extend(v for v in values if v not in target)

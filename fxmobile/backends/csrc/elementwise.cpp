@@ -1,5 +1,6 @@
 // Fused bias + clamp pass and the NCHW -> channels-last transpose (see elementwise.h).
 #include "elementwise.h"
+#include "simd.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -21,20 +22,6 @@ namespace {
 // Elements per parallel work chunk: below this, a thread costs more than it saves (and every
 // parallel region is a chance to wait on a descheduled thread on a busy machine).
 constexpr int64_t kGrainElements = 1 << 16;
-
-// The loops below are memory-bound and vectorize well; on x86-64 Linux they are compiled for
-// AVX-512, AVX2 and the baseline, and the loader picks the best the CPU has.
-#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
-#define FXMOBILE_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define FXMOBILE_SIMD_CLONES
-#endif
-
-inline __attribute__((always_inline)) float clamp_value(float v, float lo, float hi) {
-  // Written so NaN passes through and lo > hi gives hi, like torch.clamp.
-  v = v < lo ? lo : v;
-  return hi < v ? hi : v;
-}
 
 // dst (hw x c, row stride ld) = transpose of src (c x hw, row-major), for pixels [p0, p1).
 FXMOBILE_SIMD_CLONES

@@ -19,7 +19,10 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/List.h>
 #include <c10/core/Scalar.h>
+
+#include "depthwise.h"
 
 #include <mutex>
 #include <optional>
@@ -87,11 +90,13 @@ class Conv2dKernel {
   at::Tensor run(const at::Tensor& input) const;
 
  private:
-  enum class Path { kGemm, kOneDnn, kReference };
+  enum class Path { kGemm, kDepthwise, kOneDnn, kReference };
 
   void check_input(const at::Tensor& input) const;
   at::Tensor run_fast(const at::Tensor& input) const; // float32: GEMM or oneDNN
   at::Tensor run_gemm(const at::Tensor& input) const;
+  at::Tensor run_depthwise(const at::Tensor& input) const;
+  int64_t output_pixels(int64_t h, int64_t w) const; // per image, not transposed
   at::Tensor run_onednn(const at::Tensor& input) const;
   at::Tensor run_onednn_nchw(const at::Tensor& input) const;
   at::Tensor run_reference(const at::Tensor& input) const;
@@ -105,10 +110,13 @@ class Conv2dKernel {
   ClampBounds clamp_;
   Path path_ = Path::kReference;
   bool has_onednn_ = false; // the weight is packed for oneDNN (packed_ is not empty)
+  bool has_depthwise_ = false; // dw_taps_ is set: small maps take the direct loop
   std::string attr_; // oneDNN post-op: "none", "relu" or "hardtanh"
-  std::vector<double> attr_scalars_;
+  c10::List<std::optional<c10::Scalar>> attr_list_; // its scalars, built once
   at::Tensor gemm_w_; // (Cout, Cin), for NCHW input on the 1x1 path
   at::Tensor gemm_wt_; // (Cin, Cout), for channels-last input on the 1x1 path
+  at::Tensor dw_taps_; // (KH * KW, C), on the depthwise path
+  DepthwiseGeometry dw_geo_{};
 
   // Weight reordered for oneDNN, by input size: oneDNN's preferred weight layout can depend
   // on the input's spatial size, so a new size gets its own reorder (once).
