@@ -46,6 +46,39 @@ def optimize_fx(
     ``result.report.numerics``. ``blocklist`` takes ``fxmobile.MobileOptimizerType`` members (or
     upstream's ``torch._C._MobileOptimizerType`` members) to switch passes off.
     """
+    result, _ = run_fx_stage(
+        model,
+        example_inputs,
+        blocklist=blocklist,
+        leaf_modules=leaf_modules,
+        concrete_args=concrete_args,
+        auto_leaf=auto_leaf,
+        eval_copy=eval_copy,
+        channels_last=channels_last,
+        tolerance=tolerance,
+        check=True,
+    )
+    return result
+
+
+def run_fx_stage(
+    model: nn.Module,
+    example_inputs: Any,
+    *,
+    blocklist: Iterable[BlocklistItem] | None,
+    leaf_modules: Iterable[LeafSpec],
+    concrete_args: dict[str, Any] | None,
+    auto_leaf: bool,
+    eval_copy: bool,
+    channels_last: bool,
+    tolerance: float,
+    check: bool,
+) -> tuple[FxResult, Any]:
+    """``optimize_fx``, and the eager outputs on the example inputs (None without inputs).
+
+    With ``check=False`` the graph module is not run: ``fxmobile.optimize`` compares its final
+    module against the same eager outputs instead, which checks both stages in one run.
+    """
     blocked = normalize_blocklist(blocklist)
     check_tolerance(tolerance)
     captured = capture(
@@ -65,9 +98,9 @@ def optimize_fx(
     manager = FxPassManager(fx_pipeline(channels_last=channels_last), blocked, inputs)
     gm, records = manager.run(captured.graph_module)
     report.passes.extend(records)
-    if inputs is not None:
+    if inputs is not None and check:
         report.numerics = compare_outputs(reference, run_model(gm, inputs), float(tolerance))
-    return FxResult(gm, report)
+    return FxResult(gm, report), reference
 
 
 def check_tolerance(tolerance: object) -> None:

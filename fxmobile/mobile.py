@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fxmobile.api import check_tolerance, optimize_fx
+from fxmobile.api import check_tolerance, run_fx_stage
 from fxmobile.backends.library import ensure_registered
 from fxmobile.backends.registry import Backend, backend_spec
 from fxmobile.capture import check_module, require_eval
@@ -58,12 +58,17 @@ def optimize(
     concrete_args: dict[str, Any] | None = None,
     auto_leaf: bool = False,
     eval_copy: bool = False,
-    channels_last: bool = False,
+    channels_last: bool | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
 ) -> MobileResult:
     """Optimize ``module`` for ``backend``; the module and the report of everything done.
 
-    Arguments as ``optimize_for_mobile``; the keyword-only ones are those of ``optimize_fx``.
+    Arguments as ``optimize_for_mobile``; the keyword-only ones are those of ``optimize_fx``,
+    except that ``channels_last`` defaults to ``None``: on for the CPU backend, whose prepacked
+    kernels read and write channels-last activations (an NCHW network pays a layout change at
+    every convolution and runs pooling on ATen's slow NCHW path), off for Vulkan and Metal,
+    whose runtimes pick their own layout. Blocklist ``MobileOptimizerType.CHANNELS_LAST`` or
+    pass ``False`` to keep eager's layout.
     """
     blocked = normalize_blocklist(optimization_blocklist)
     target = Backend.parse(backend)
@@ -71,19 +76,21 @@ def optimize(
     check_tolerance(tolerance)
     inputs = None if example_inputs is None else as_input_tuple(example_inputs)
     notes: list[str] = []
+    reference_model: Any = None  # what computes the expected outputs, when not computed yet
+    expected: Any = None
 
     if isinstance(module, torch.jit.ScriptModule):
         check_tensors(module)
         scripted = module
         report = Report(model_name=_script_name(module))
-        reference_model: Any = clone_script_module(module)
+        reference_model = clone_script_module(module)
     else:
         check_module(module)
         require_eval(module, eval_copy)
-        reference_model = deep_copy(module).eval()
         if not preserved:
             require_forward(module)  # nothing to optimize: no forward and nothing preserved
         if preserved or not has_forward(module):
+            reference_model = deep_copy(module).eval()
             # torch.fx traces forward only; exported methods need the scripted original.
             scripted = _script_eager(reference_model)
             report = Report(model_name=type(module).__name__)
@@ -92,7 +99,7 @@ def optimize(
                 "need the scripted original"
             )
         else:
-            fx_result = optimize_fx(
+            fx_result, expected = run_fx_stage(
                 module,
                 inputs,
                 blocklist=blocked,
@@ -100,8 +107,9 @@ def optimize(
                 concrete_args=concrete_args,
                 auto_leaf=auto_leaf,
                 eval_copy=eval_copy,
-                channels_last=channels_last,
+                channels_last=target is Backend.CPU if channels_last is None else channels_last,
                 tolerance=tolerance,
+                check=False,  # the final module is checked against the same eager outputs
             )
             report = fx_result.report
             scripted, note = to_torchscript(fx_result.graph_module, inputs)
@@ -134,7 +142,8 @@ def optimize(
         report.notes.append("numerics not checked: the module has no forward to run")
     elif inputs is not None:
         if _runs_here(optimized, methods):
-            expected = _reference_outputs(reference_model, inputs, concrete_args or {})
+            if reference_model is not None:
+                expected = _reference_outputs(reference_model, inputs, concrete_args or {})
             report.numerics = compare_outputs(expected, run_model(optimized, inputs), tolerance)
         else:
             report.numerics = None

@@ -103,7 +103,8 @@ class _ConvReluAdd(nn.Module):
 
 def test_report_counts_the_ops_left_outside_packed_kernels() -> None:
     model = _ConvReluAdd().eval()
-    report = fxmobile.optimize(model, example_inputs=torch.randn(1, 3, 8, 8)).report
+    x = torch.randn(1, 3, 8, 8)
+    report = fxmobile.optimize(model, example_inputs=x, channels_last=False).report
     assert report.unfused_ops == {"aten::add": 1}  # conv and relu run as one prepacked op
     assert "ops left unfused: 1 (aten::add 1)" in str(report)
     assert report.to_dict()["unfused_ops"] == {"aten::add": 1}
@@ -115,6 +116,10 @@ def test_report_counts_the_ops_left_outside_packed_kernels() -> None:
     ).report
     assert kept.unfused_ops is not None
     assert kept.unfused_ops.get("aten::conv2d") == 1
+
+    # the CPU default runs channels-last: one layout change in, one back to eager's layout out
+    default = fxmobile.optimize(model, example_inputs=x).report
+    assert default.unfused_ops == {"aten::add": 1, "aten::contiguous": 2}
 
 
 def test_interleaved_medians_runs_every_candidate_each_round() -> None:
