@@ -405,6 +405,7 @@ class FoldBatchNorm(FxPass):
     optimization: ClassVar[MobileOptimizerType] = MobileOptimizerType.CONV_BN_FUSION
     summary: ClassVar[str] = "BatchNorm(conv/conv_transpose/linear(x)) -> conv'/linear'(x)"
     needs_shapes: ClassVar[bool] = True
+    keeps_shapes: ClassVar[bool] = True
 
     def call(self, gm: fx.GraphModule) -> PassResult:
         rewrites, skips = 0, Skips()

@@ -46,12 +46,16 @@ class FxPass(abc.ABC):
     (``before -> after``, shown in the README and the report) and implement ``call``. A pass
     that reads tensor shapes sets ``needs_shapes``: the manager then refreshes
     ``node.meta["tensor_meta"]`` before it runs, when example inputs were given, and the pass
-    treats nodes without that metadata as "shape unknown" rather than guessing.
+    treats nodes without that metadata as "shape unknown" rather than guessing. A pass that
+    only reroutes users to a value of the same shape, dtype and layout (a removal, a fold into a
+    producer) sets ``keeps_shapes``: the metadata stays valid after it, so the next pass that
+    needs shapes does not run the model again.
     """
 
     optimization: ClassVar[MobileOptimizerType]
     summary: ClassVar[str]
     needs_shapes: ClassVar[bool] = False
+    keeps_shapes: ClassVar[bool] = False
 
     @property
     def name(self) -> str:

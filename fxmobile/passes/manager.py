@@ -54,11 +54,12 @@ class PassManager(abc.ABC, Generic[U]):
 
     def run(self, unit: U) -> tuple[U, list[PassRecord]]:
         records: list[PassRecord] = []
+        measured: tuple[int, int] | None = None  # the last pass's "after" is the next "before"
         for p in self.passes:
             if p.blocked_by() & self.blocklist:
                 records.append(PassRecord(p.name, self.stage, Status.BLOCKLISTED))
                 continue
-            nodes_before, bytes_before = self.measure(unit)
+            nodes_before, bytes_before = measured or self.measure(unit)
             start = time.perf_counter()
             try:
                 unit, result = self.apply(p, unit)
@@ -72,7 +73,8 @@ class PassManager(abc.ABC, Generic[U]):
                     f"{skip} report the model."
                 ) from exc
             seconds = time.perf_counter() - start
-            nodes_after, bytes_after = self.measure(unit)
+            measured = self.measure(unit)
+            nodes_after, bytes_after = measured
             records.append(
                 PassRecord(
                     name=p.name,
@@ -104,6 +106,7 @@ class FxPassManager(PassManager[fx.GraphModule]):
         super().__init__(passes, blocklist)
         self.example_inputs = example_inputs
         self._shapes_fresh = False
+        self._propagated: set[fx.Node] = set()
 
     def apply(self, p: FxPass, unit: fx.GraphModule) -> tuple[fx.GraphModule, ResultLike]:
         if p.needs_shapes and not self._shapes_fresh:
@@ -114,12 +117,18 @@ class FxPassManager(PassManager[fx.GraphModule]):
         gm = result.graph_module
         gm.graph.lint()
         gm.recompile()
-        if result.rewrites:  # a pass that rewrote nothing left every node's metadata valid
+        # A pass that rewrote nothing, or that keeps shapes and added no node,
+        # leaves every node's metadata valid.
+        if result.rewrites and not (p.keeps_shapes and self._no_new_nodes(gm)):
             self._shapes_fresh = False
         return gm, result
 
     def measure(self, unit: fx.GraphModule) -> tuple[int, int]:
         return count_nodes(unit), tensor_nbytes(unit)
+
+    def _no_new_nodes(self, gm: fx.GraphModule) -> bool:
+        """Every node was there at the last shape propagation (so its metadata is set)."""
+        return all(n in self._propagated for n in gm.graph.nodes)
 
     def _propagate_shapes(self, gm: fx.GraphModule) -> None:
         """Fill ``node.meta["tensor_meta"]`` from the example inputs, when there are some."""
@@ -131,3 +140,4 @@ class FxPassManager(PassManager[fx.GraphModule]):
         inputs = [x.clone() if isinstance(x, torch.Tensor) else x for x in self.example_inputs]
         with torch.no_grad():
             ShapeProp(gm).propagate(*inputs)
+        self._propagated = set(gm.graph.nodes)

@@ -56,6 +56,7 @@ def _training_arg(node: fx.Node, position: int, keyword: str, default: bool) -> 
 class RemoveDropout(FxPass):
     optimization: ClassVar[MobileOptimizerType] = MobileOptimizerType.REMOVE_DROPOUT
     summary: ClassVar[str] = "Dropout*(x) / F.dropout*(x, training=False) -> x"
+    keeps_shapes: ClassVar[bool] = True
 
     def call(self, gm: fx.GraphModule) -> PassResult:
         rewrites, skips = 0, Skips()

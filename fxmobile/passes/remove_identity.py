@@ -94,6 +94,7 @@ class RemoveIdentity(FxPass):
     optimization: ClassVar[MobileOptimizerType] = MobileOptimizerType.REMOVE_IDENTITY
     summary: ClassVar[str] = "Identity(x), x+0, x-0, x*1, x/1 -> x"
     needs_shapes: ClassVar[bool] = True
+    keeps_shapes: ClassVar[bool] = True
 
     def call(self, gm: fx.GraphModule) -> PassResult:
         rewrites, skips = 0, Skips()
