@@ -136,6 +136,17 @@ VIEW_OPS = frozenset(
 )
 
 
+# Modules whose output can be their input or a view of it: a write to the output reaches the
+# input (nn.Flatten is torch.flatten, a view of contiguous input; eval-mode dropout and
+# Identity return the input itself).
+ALIASING_MODULES: tuple[type[nn.Module], ...] = (
+    nn.Flatten,
+    nn.Unflatten,
+    nn.Identity,
+    nn.modules.dropout._DropoutNd,
+)
+
+
 def written_in_place(gm: fx.GraphModule, node: fx.Node, skip: fx.Node | None = None) -> bool:
     """Whether an in-place op writes to ``node``'s value, directly or through a view of it.
 
@@ -150,6 +161,9 @@ def written_in_place(gm: fx.GraphModule, node: fx.Node, skip: fx.Node | None = N
             if not is_pure(gm, user):
                 return True
             name = user.target if user.op == "call_method" else getattr(user.target, "__name__", "")
-            if name in VIEW_OPS:
+            aliasing_module = user.op == "call_module" and isinstance(
+                gm.get_submodule(str(user.target)), ALIASING_MODULES
+            )
+            if name in VIEW_OPS or aliasing_module:
                 stack.append(user)
     return False

@@ -7,6 +7,12 @@ Upstream's ``CONV_1D_TO_2D`` (missing from its Python enum); torch's own pass do
 That pass rewrites every conv1d of the module and builds a broken graph for string padding
 (``padding='same'``), which later constant propagation trips over with an internal assert; so
 when any conv1d has string padding the pass leaves the module as it is and says so.
+
+Its rewrite also ignores aliasing: the new nodes can land after an in-place op that wrote the
+conv1d's input (``hardtanh_(v); conv1d(v)`` became ``conv2d(v); hardtanh_(v)``, and the write,
+now unused, was then removed as dead code: found by the fuzzer). So a method that writes any
+tensor in place is left alone too; ``remove_mutation`` in the FX stage usually has made such
+writes functional by then.
 """
 
 from __future__ import annotations
@@ -17,6 +23,24 @@ from fxmobile.options import MobileOptimizerType
 from fxmobile.script.graph_utils import count_kinds, iter_nodes, method_graphs
 from fxmobile.script.infra import ScriptContext, ScriptPass, ScriptPassResult
 from fxmobile.script.jit_passes import jit
+
+
+def _writes_in_place(module: torch.jit.ScriptModule, methods: tuple[str, ...]) -> int:
+    """Nodes that write one of their tensor inputs, in methods that have a conv1d."""
+    total = 0
+    for graph in method_graphs(module, methods):
+        nodes = list(iter_nodes(graph))
+        if any(node.kind() == "aten::conv1d" for node in nodes):
+            total += sum(1 for node in nodes if node.kind().startswith("aten::") and _writes(node))
+    return total
+
+
+def _writes(node: torch._C.Node) -> bool:
+    try:
+        schema = node.schema()
+    except RuntimeError:
+        return False
+    return "!)" in schema  # an alias annotation with a write: Tensor(a!)
 
 
 def _string_padded(module: torch.jit.ScriptModule, methods: tuple[str, ...]) -> int:
@@ -37,6 +61,9 @@ class Conv1dToConv2d(ScriptPass):
         unsupported = _string_padded(module, ctx.methods)
         if unsupported:
             return ScriptPassResult(module, 0, {"conv1d with string padding": unsupported})
+        writes = _writes_in_place(module, ctx.methods)
+        if writes:
+            return ScriptPassResult(module, 0, {"method writes tensors in place": writes})
         before = count_kinds(module, ctx.methods, {"aten::conv1d"})
         jit._jit_pass_transform_conv1d_to_conv2d(module._c)
         return ScriptPassResult(module, before - count_kinds(module, ctx.methods, {"aten::conv1d"}))
