@@ -43,8 +43,10 @@ class MobileResult:
     report: Report
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write a lite-interpreter file (load it with ``_load_for_lite_interpreter``)."""
+        """Write a lite-interpreter file (load it with ``_load_for_lite_interpreter``); the
+        report's ``file_bytes`` is then that file's size."""
         save_for_lite_interpreter(self.module, path)
+        self.report.file_bytes = os.path.getsize(path)
 
 
 def optimize(
@@ -135,7 +137,7 @@ def optimize(
     report.passes.extend(records)
     report.ops_after = dict(op_histogram(optimized, methods))
     report.unfused_ops = dict(unfused_ops(optimized, methods))
-    report.file_bytes = len(lite_interpreter_bytes(optimized))
+    report.measure_file_with(lambda: len(lite_interpreter_bytes(optimized)))
     report.lints = generate_mobile_module_lints(optimized)
     report.notes.extend(notes)
     if inputs is not None and not _has_forward(optimized):

@@ -7,6 +7,7 @@ turns it into a table, Markdown or a JSON-ready dict. Nothing is parsed back out
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,8 +103,26 @@ class Report:
     ops_after: dict[str, int] | None = None
     # ops a mobile runtime still dispatches one by one (see script.graph_utils.unfused_ops)
     unfused_ops: dict[str, int] | None = None
-    file_bytes: int | None = None  # size of the lite-interpreter file
+    # Size of the lite-interpreter file, measured on first read: serializing resnet50 takes
+    # about as long as scripting it, and many callers never look (see ``measure_file_with``).
+    _file_bytes: int | None = field(default=None, repr=False)
+    _file_size: Callable[[], int] | None = field(default=None, repr=False, compare=False)
     lints: list[dict[str, str]] | None = None  # generate_mobile_module_lints of the result
+
+    @property
+    def file_bytes(self) -> int | None:
+        if self._file_bytes is None and self._file_size is not None:
+            self._file_bytes = self._file_size()
+            self._file_size = None
+        return self._file_bytes
+
+    @file_bytes.setter
+    def file_bytes(self, value: int | None) -> None:
+        self._file_bytes, self._file_size = value, None
+
+    def measure_file_with(self, size: Callable[[], int]) -> None:
+        """Set ``file_bytes`` to ``size()``, called when it is first read."""
+        self._file_bytes, self._file_size = None, size
 
     @property
     def rewrites(self) -> int:
