@@ -42,8 +42,9 @@ def is_pure(gm: fx.GraphModule, node: fx.Node) -> bool:
     """True when removing ``node`` (if unused) cannot change what the model computes.
 
     Conservative on purpose: in-place methods and functions (``relu_``, ``inplace=True``,
-    ``out=``), ``operator.setitem``, in-place modules and any module outside ``torch.nn`` (an
-    opaque leaf may update its own state) all count as impure.
+    ``out=``), ``operator.setitem``, in-place modules, any module outside ``torch.nn`` (an
+    opaque leaf may update its own state) and any function outside torch, ``operator`` and
+    ``math`` (a ``torch.fx.wrap``-ed user function may write to its arguments) count as impure.
     """
     if node.op in ("placeholder", "output"):
         return False
@@ -60,6 +61,10 @@ def is_pure(gm: fx.GraphModule, node: fx.Node) -> bool:
         name = getattr(node.target, "__name__", "")
         if name.endswith("_") and not name.endswith("__"):
             return False
+        if not _is_library_function(node.target):
+            # a user function kept opaque by torch.fx.wrap: it may write to its arguments
+            # (torchvision's mvit ``_add_shortcut`` adds into ``x`` and returns nothing used)
+            return False
         return not node.is_impure()
     if node.op == "call_module":
         module = module_of(gm, node)
@@ -70,6 +75,19 @@ def is_pure(gm: fx.GraphModule, node: fx.Node) -> bool:
             module, "_is_impure", False
         )
     return False
+
+
+# Where the functions fx records come from when they are torch's own or Python's arithmetic;
+# anything else is user code.
+_LIBRARY_MODULES = ("torch", "operator", "math", "_operator", "builtins")
+
+
+def _is_library_function(target: object) -> bool:
+    module = getattr(target, "__module__", None) or ""
+    if not module and hasattr(target, "__self__"):  # a builtin method, e.g. torch._C._nn.*
+        module = type(target.__self__).__module__ or ""
+    root = module.split(".", 1)[0]
+    return root in _LIBRARY_MODULES
 
 
 def replace_node(node: fx.Node, value: fx.Node) -> None:
