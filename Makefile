@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fxmobile-installed
 CSRC := $(shell find fxmobile -name '*.cpp' -o -name '*.h' 2>/dev/null)
 
-.PHONY: demo test test-slow fuzz-long install clean
+.PHONY: demo test test-slow zoo zoo-quick fuzz-long install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,3 +39,14 @@ clean:
 # The differential fuzzer's long profile (the default profile runs in `make test`).
 fuzz-long: $(STAMP)
 	FXMOBILE_FUZZ_EXAMPLES=20000 $(PY) -m pytest tests/test_fuzz.py -q -p no:cacheprovider
+
+# The model-zoo regression run (model_zoo_checks): every catalogue entry on the CPU, tables in
+# model_zoo_checks/results; fails on a regression against model_zoo_checks/baseline.json.
+# The classification zoo alone: make zoo ZOO_ARGS="--kind classification".
+# After an intended change: make zoo ZOO_ARGS=--update-baseline, then commit the baseline.
+zoo: $(STAMP)
+	$(PY) -m model_zoo_checks --out model_zoo_checks/results --plot model_zoo_checks/results/speedup.png $(ZOO_ARGS)
+
+# The quick subset (seconds; `make test` runs it too, as tests/test_zoo_runner.py).
+zoo-quick: $(STAMP)
+	$(PY) -m model_zoo_checks --quick $(ZOO_ARGS)

@@ -66,8 +66,8 @@ def unfused_ops(module: ScriptModule, methods: Sequence[str]) -> Counter[str]:
     counts: Counter[str] = Counter()
     for name in methods:
         for node in iter_nodes(module._c._get_method(name).inlined_graph):
-            if node.kind() in _BOOKKEEPING:
-                continue
+            if node.kind().startswith("prim::"):  # control flow and bookkeeping; the ops
+                continue  # inside an If or Loop block are counted themselves
             makes_tensor = any(isinstance(v.type(), torch._C.TensorType) for v in node.outputs())
             packed = any(isinstance(v.type(), torch._C.ClassType) for v in node.inputs())
             if makes_tensor and not packed:

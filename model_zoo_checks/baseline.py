@@ -1,0 +1,212 @@
+"""The committed baseline, and what counts as a regression against it.
+
+One entry per ``model/backend``. A run regresses when, for an entry in the baseline:
+
+- status: the model passed before and now fails its checks or raises;
+- relative_error: the error passed its bound. The bound is ``error_growth`` (10) times the
+  baseline error, but at least ``error_floor`` (0.1) of the tolerance, so float noise near zero
+  never counts; and, for a model that was within its tolerance, never above the tolerance;
+- unfused_ops: more ops left unfused than before (the op structure is deterministic);
+- latency_ratio: optimized/eager median latency above the baseline ratio by more than
+  ``latency_margin`` (25%) of it, the noise a shared machine leaves in interleaved medians.
+
+Improvements, new models and models not run (skipped, unsupported) are never regressions; a
+model that failed in the baseline and still fails is a known failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from model_zoo_checks.results import ModelResult, Status
+
+VERSION = 1
+DEFAULT_PATH = Path(__file__).with_name("baseline.json")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    error_growth: float = 10.0
+    error_floor: float = 0.1  # fraction of the tolerance
+    latency_margin: float = 0.25
+
+    def error_bound(self, old: float, tolerance: float) -> float:
+        bound = max(old * self.error_growth, tolerance * self.error_floor)
+        return min(bound, tolerance) if old <= tolerance else bound
+
+
+class Metric(enum.StrEnum):
+    STATUS = "status"
+    RELATIVE_ERROR = "relative_error"
+    UNFUSED_OPS = "unfused_ops"
+    LATENCY_RATIO = "latency_ratio"
+
+
+@dataclass(frozen=True)
+class Regression:
+    key: str
+    backend: str
+    metric: Metric
+    old: Any
+    new: Any
+    bound: Any = None  # the largest new value that would not have regressed
+    detail: str = ""
+
+    def __str__(self) -> str:
+        bound = "" if self.bound is None else f" (bound {_fmt(self.bound)})"
+        detail = f": {self.detail}" if self.detail else ""
+        change = f"{_fmt(self.old)} -> {_fmt(self.new)}"
+        return f"{self.key}/{self.backend}: {self.metric} {change}{bound}{detail}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.key,
+            "backend": self.backend,
+            "metric": self.metric.value,
+            "old": self.old,
+            "new": self.new,
+            "bound": self.bound,
+            "detail": self.detail,
+        }
+
+
+@dataclass(frozen=True)
+class BaselineEntry:
+    status: Status
+    route: str = "fx"
+    error: str | None = None
+    relative_error: float | None = None
+    tolerance: float | None = None
+    top5_match: bool | None = None
+    unfused_ops: int | None = None
+    unfused_by_op: dict[str, int] = field(default_factory=dict)
+    file_bytes: int | None = None
+    latency_ratio: float | None = None
+
+    @classmethod
+    def from_result(cls, result: ModelResult) -> BaselineEntry:
+        return cls(
+            status=result.status,
+            route=result.route,
+            error=result.error,
+            relative_error=result.relative_error,
+            tolerance=result.tolerance,
+            top5_match=result.top5_match,
+            unfused_ops=result.unfused_ops,
+            unfused_by_op=dict(sorted(result.unfused_by_op.items())),
+            file_bytes=result.file_bytes,
+            latency_ratio=result.latency_ratio,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["status"] = self.status.value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BaselineEntry:
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in names}
+        values["status"] = Status(values["status"])
+        return cls(**values)
+
+
+Baseline = dict[str, BaselineEntry]  # keyed by ModelResult.id: "resnet18/cpu"
+
+
+def load(path: Path) -> Baseline:
+    """The baseline at ``path``; empty when the file does not exist."""
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    if data.get("version") != VERSION:
+        raise ValueError(
+            f"{path}: baseline version {data.get('version')!r}, this runner reads {VERSION}; "
+            f"regenerate it with --update-baseline"
+        )
+    return {key: BaselineEntry.from_dict(entry) for key, entry in data["entries"].items()}
+
+
+def save(baseline: Baseline, path: Path) -> None:
+    entries = {key: baseline[key].to_dict() for key in sorted(baseline)}
+    path.write_text(json.dumps({"version": VERSION, "entries": entries}, indent=1) + "\n")
+
+
+def merged(baseline: Baseline, results: Iterable[ModelResult]) -> Baseline:
+    """``baseline`` with the entries of the models that ran replaced; the rest kept.
+
+    A run without latency (``--rounds 0``, or a GPU backend) keeps the baseline's ratio.
+    """
+    out = dict(baseline)
+    for result in results:
+        if not result.status.ran:
+            continue
+        entry = BaselineEntry.from_result(result)
+        old = baseline.get(result.id)
+        if entry.latency_ratio is None and old is not None:
+            entry = dataclasses.replace(entry, latency_ratio=old.latency_ratio)
+        out[result.id] = entry
+    return out
+
+
+def compare(
+    results: Iterable[ModelResult], baseline: Baseline, thresholds: Thresholds | None = None
+) -> list[Regression]:
+    """Every regression of ``results`` against ``baseline``, in result order."""
+    limits = thresholds or Thresholds()
+    found: list[Regression] = []
+    for result in results:
+        old = baseline.get(result.id)
+        if old is not None and result.status.ran:
+            found.extend(_regressions(result, old, limits))
+    return found
+
+
+def not_in_baseline(results: Iterable[ModelResult], baseline: Baseline) -> list[str]:
+    return [r.id for r in results if r.status.ran and r.id not in baseline]
+
+
+def _regressions(new: ModelResult, old: BaselineEntry, limits: Thresholds) -> list[Regression]:
+    def regression(
+        metric: Metric, before: Any, after: Any, bound: Any = None, detail: str = ""
+    ) -> Regression:
+        return Regression(new.key, new.backend, metric, before, after, bound, detail)
+
+    found = []
+    if old.status is Status.PASSED and not new.passed:
+        found.append(regression(Metric.STATUS, "passed", str(new.status), detail=new.error or ""))
+    if new.relative_error is not None and old.relative_error is not None:
+        tolerance = new.tolerance if new.tolerance is not None else old.tolerance or 0.0
+        bound = limits.error_bound(old.relative_error, tolerance)
+        if new.relative_error > bound:
+            found.append(
+                regression(Metric.RELATIVE_ERROR, old.relative_error, new.relative_error, bound)
+            )
+    before, after = old.unfused_ops, new.unfused_ops
+    if before is not None and after is not None and after > before:
+        grown = _grown(old.unfused_by_op, new.unfused_by_op)
+        found.append(regression(Metric.UNFUSED_OPS, before, after, detail=grown))
+    ratio = new.latency_ratio
+    if ratio is not None and old.latency_ratio is not None:
+        bound = old.latency_ratio * (1 + limits.latency_margin)
+        if ratio > bound:
+            found.append(regression(Metric.LATENCY_RATIO, old.latency_ratio, ratio, bound))
+    return found
+
+
+def _grown(old: Mapping[str, int], new: Mapping[str, int]) -> str:
+    """The ops whose unfused count grew: ``aten::add 2->4, aten::relu 0->1``."""
+    grown = [(op, old.get(op, 0), n) for op, n in sorted(new.items()) if n > old.get(op, 0)]
+    return ", ".join(f"{op} {a}->{b}" for op, a, b in grown)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)

@@ -1,0 +1,274 @@
+"""The zoo regression run: ``python -m model_zoo_checks [selection] [options]``.
+
+Selects models from the catalogue, checks each on the chosen backends, prints a table, writes
+Markdown and JSON (``--out``), compares with the committed baseline and exits 1 when something
+regressed (see ``model_zoo_checks.baseline`` for what counts). ``--update-baseline`` merges this
+run's results into the baseline instead of failing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import difflib
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+from fxmobile import Backend, MobileOptimizerType
+from model_zoo_checks import baseline as baseline_io
+from model_zoo_checks.output import plot_speedups, render_problems, render_table, write_outputs
+from model_zoo_checks.runner import RunOptions, quiet_warnings, run_zoo
+from model_zoo_checks.zoo import Kind, ZooModel, all_models, quick_models
+
+
+def _blocklist_member(name: str) -> MobileOptimizerType:
+    try:
+        return MobileOptimizerType[name.upper()]
+    except KeyError:
+        valid = ", ".join(m.name for m in MobileOptimizerType)
+        raise argparse.ArgumentTypeError(f"{name!r} is not one of: {valid}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m model_zoo_checks",
+        description="Run fxmobile over torchvision's model zoo and compare with the baseline.",
+        epilog="Exit status: 0 clean, 1 a regression against the baseline, 2 bad arguments.",
+    )
+    sel = p.add_argument_group("selection (filters combine: a model must match each given)")
+    sel.add_argument("--models", nargs="+", metavar="NAME", help="names or keys (name@HxW)")
+    sel.add_argument("--family", nargs="+", metavar="NAME", help="e.g. resnet mobilenet vit")
+    sel.add_argument("--kind", nargs="+", choices=[k.value for k in Kind])
+    sel.add_argument(
+        "--quick", action="store_true", help="the small fixed subset at small inputs (~1 min)"
+    )
+    sel.add_argument("--skip-giants", action="store_true", help="skip vit_h_14, regnet_y_128gf")
+    sel.add_argument(
+        "--include-unsupported",
+        action="store_true",
+        help="also try the entries the catalogue marks unsupported (whole detectors)",
+    )
+    sel.add_argument("--list", action="store_true", help="print the selected catalogue and exit")
+    run = p.add_argument_group("running")
+    run.add_argument("--backend", nargs="+", default=["cpu"], choices=[b.value for b in Backend])
+    run.add_argument(
+        "--rounds", type=int, default=3, metavar="N", help="timed rounds at least (0: none)"
+    )
+    run.add_argument(
+        "--min-time",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="fast models get more rounds, up to this much timing (default 1 s)",
+    )
+    run.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed rounds first")
+    run.add_argument(
+        "--threads", type=int, default=2, metavar="N", help="torch threads (default 2)"
+    )
+    run.add_argument(
+        "--blocklist",
+        nargs="+",
+        default=[],
+        type=_blocklist_member,
+        metavar="MEMBER",
+        help="MobileOptimizerType members to switch off, e.g. FUSE_ADD_RELU",
+    )
+    run.add_argument(
+        "--isolate", action="store_true", help="every model in its own guarded process"
+    )
+    run.add_argument(
+        "--memory-limit",
+        type=float,
+        default=20.0,
+        metavar="GIB",
+        help="a child process (giants, --isolate) is killed above this resident memory",
+    )
+    run.add_argument(
+        "--timeout", type=float, default=1800.0, metavar="SECONDS", help="per child process"
+    )
+    base = p.add_argument_group("baseline")
+    base.add_argument(
+        "--baseline",
+        type=Path,
+        default=baseline_io.DEFAULT_PATH,
+        metavar="JSON",
+        help="default: model_zoo_checks/baseline.json",
+    )
+    base.add_argument(
+        "--update-baseline",
+        action="store_true",
+        help="merge this run's results into the baseline (selected models only); exit 0",
+    )
+    base.add_argument("--no-compare", action="store_true", help="do not compare (exit 0)")
+    limits = baseline_io.Thresholds()
+    base.add_argument(
+        "--latency-margin",
+        type=float,
+        default=limits.latency_margin,
+        metavar="FRACTION",
+        help="allowed growth of optimized/eager latency ratio (default 0.25 = 25%%)",
+    )
+    base.add_argument(
+        "--error-growth",
+        type=float,
+        default=limits.error_growth,
+        metavar="FACTOR",
+        help="allowed growth factor of the relative error (default 10)",
+    )
+    base.add_argument(
+        "--error-floor",
+        type=float,
+        default=limits.error_floor,
+        metavar="FRACTION",
+        help="errors below this fraction of the tolerance never regress (default 0.1)",
+    )
+    out = p.add_argument_group("output")
+    out.add_argument("--out", type=Path, metavar="DIR", help="write zoo.json and zoo.md here")
+    out.add_argument("--plot", type=Path, metavar="PNG", help="per-model speedup bar chart")
+    return p
+
+
+def select(
+    entries: Sequence[ZooModel],
+    models: Sequence[str] | None = None,
+    families: Sequence[str] | None = None,
+    kinds: Sequence[str] | None = None,
+) -> list[ZooModel]:
+    """The entries matching every given filter; unknown model names raise ``KeyError``."""
+    if models:
+        known = {e.key for e in entries} | {e.name for e in entries}
+        unknown = [m for m in models if m not in known]
+        if unknown:
+            hints = {m: difflib.get_close_matches(m, known, n=3) for m in unknown}
+            raise KeyError(
+                "unknown model(s): "
+                + "; ".join(
+                    f"{m} (did you mean {', '.join(h)}?)" if h else m for m, h in hints.items()
+                )
+            )
+    return [
+        e
+        for e in entries
+        if (not models or e.key in models or e.name in models)
+        and (not families or e.family in families)
+        and (not kinds or e.kind in kinds)
+    ]
+
+
+def _catalogue(entries: Sequence[ZooModel]) -> str:
+    rows = [
+        [
+            e.key,
+            e.kind.value,
+            e.family,
+            "x".join(map(str, e.input_shape)),
+            e.route.value,
+            "giant" if e.giant else "",
+            e.unsupported or "",
+        ]
+        for e in entries
+    ]
+    headers = ["model", "kind", "family", "input", "route", "", "unsupported: why"]
+    return tabulate(rows, headers=headers, maxcolwidths=[None] * 6 + [70])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    try:
+        entries = select(
+            quick_models() if args.quick else all_models(), args.models, args.family, args.kind
+        )
+    except KeyError as exc:
+        print(f"error: {exc.args[0]}", file=sys.stderr)
+        return 2
+    if args.list:
+        print(_catalogue(entries))
+        return 0
+    if not entries:
+        print("error: no model matches the selection (see --list)", file=sys.stderr)
+        return 2
+    options = RunOptions(
+        backends=tuple(Backend(b) for b in dict.fromkeys(args.backend)),
+        rounds=args.rounds,
+        min_time=args.min_time,
+        warmup=args.warmup,
+        threads=args.threads,
+        blocklist=frozenset(args.blocklist),
+        skip_giants=args.skip_giants,
+        include_unsupported=args.include_unsupported,
+        isolate=args.isolate,
+        memory_limit_gib=args.memory_limit,
+        timeout=args.timeout,
+    )
+    thresholds = baseline_io.Thresholds(
+        error_growth=args.error_growth,
+        error_floor=args.error_floor,
+        latency_margin=args.latency_margin,
+    )
+    start = time.monotonic()
+    with quiet_warnings():
+        results = run_zoo(entries, options)
+    seconds = time.monotonic() - start
+
+    print(render_table(results))
+    for line in render_problems(results):
+        print(f"  {line}")
+    old = baseline_io.load(args.baseline)
+    regressions = [] if args.no_compare else baseline_io.compare(results, old, thresholds)
+    new = baseline_io.not_in_baseline(results, old)
+    if new and not args.update_baseline and not args.no_compare:
+        print(f"not in the baseline (not compared): {', '.join(new)}")
+    if regressions:
+        print(f"\n{len(regressions)} regression(s) against {args.baseline}:")
+        for regression in regressions:
+            print(f"  {regression}")
+    elif not args.no_compare:
+        print(f"\nno regressions against {args.baseline}")
+
+    meta = _meta(args, options, thresholds, seconds)
+    if args.out:
+        for path in write_outputs(args.out, results, regressions, meta):
+            print(f"wrote {path}")
+    if args.plot:
+        print(plot_speedups(results, args.plot))
+    if args.update_baseline:
+        baseline_io.save(baseline_io.merged(old, results), args.baseline)
+        print(f"baseline {args.baseline} updated for {len(entries)} model(s)")
+        return 0
+    return 1 if regressions else 0
+
+
+def _meta(
+    args: argparse.Namespace,
+    options: RunOptions,
+    thresholds: baseline_io.Thresholds,
+    seconds: float,
+) -> dict[str, Any]:
+    import torch
+    import torchvision
+
+    return {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "cpus": os.cpu_count(),
+        "command": " ".join(["python -m model_zoo_checks", *args.argv]),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "backends": [b.value for b in options.backends],
+        "rounds": options.rounds,
+        "min_time": options.min_time,
+        "warmup": options.warmup,
+        "threads": options.threads,
+        "blocklist": sorted(m.name for m in options.blocklist),
+        "thresholds": vars(thresholds),
+        "baseline": str(args.baseline),
+        "seconds": round(seconds, 1),
+    }

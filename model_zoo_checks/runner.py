@@ -1,0 +1,282 @@
+"""Check zoo models through ``fxmobile.optimize``, one model at a time, and measure them.
+
+Per model: build it (random weights, randomized statistics), then per backend optimize it,
+compare with eager (relative error; top-5 indices for classifiers), read the report (ops left
+unfused, lite-interpreter size) and, on the CPU, time eager against optimized with interleaved
+medians. Vulkan runs with ``VULKAN_AUTOMATIC_GPU_TRANSFER`` blocklisted: the transfer to a
+Vulkan device cannot run on this machine, and without it the numerics can be checked.
+
+A model that raises is recorded with its error and the run goes on. Giants (and every model with
+``isolate``) run in a child process under a memory guard (``python -m model_zoo_checks.worker``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import json
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import fxmobile
+from fxmobile import Backend, MobileOptimizerType
+from fxmobile.report.numerics import run_model
+from fxmobile.report.timing import interleaved_medians
+from fxmobile.script.scripting import quietly_script
+from model_zoo_checks.guard import GuardError, run_json_guarded
+from model_zoo_checks.results import ModelResult, Status, first_line
+from model_zoo_checks.zoo import Kind, Route, ZooModel
+
+MAX_ROUNDS = 100
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    backends: tuple[Backend, ...] = (Backend.CPU,)
+    rounds: int = 3  # timed rounds per model at least (0: no latency)
+    min_time: float = 1.0  # seconds of timed rounds a fast model gets (see _rounds)
+    warmup: int = 1
+    threads: int = 2
+    blocklist: frozenset[MobileOptimizerType] = frozenset()
+    skip_giants: bool = False
+    include_unsupported: bool = False
+    isolate: bool = False  # every model in its own guarded process, not only the giants
+    memory_limit_gib: float = 20.0
+    timeout: float = 1800.0
+
+    def to_json(self) -> str:
+        data = dataclasses.asdict(self)
+        data["backends"] = [b.value for b in self.backends]
+        data["blocklist"] = sorted(m.name for m in self.blocklist)
+        return json.dumps(data)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunOptions:
+        data = json.loads(text)
+        data["backends"] = tuple(Backend(b) for b in data["backends"])
+        data["blocklist"] = frozenset(MobileOptimizerType[m] for m in data["blocklist"])
+        return cls(**data)
+
+
+def check_model(entry: ZooModel, options: RunOptions) -> list[ModelResult]:
+    """One result per backend; never raises for a model's failure."""
+    if entry.unsupported and not options.include_unsupported:
+        return [_not_run(entry, b, Status.UNSUPPORTED, entry.unsupported) for b in options.backends]
+    if entry.giant and options.skip_giants:
+        reason = "giant skipped (--skip-giants)"
+        return [_not_run(entry, b, Status.SKIPPED, reason) for b in options.backends]
+    if entry.giant or options.isolate:
+        return check_in_child(entry, options)
+    return check_here(entry, options)
+
+
+def will_run(entry: ZooModel, options: RunOptions) -> bool:
+    if entry.unsupported and not options.include_unsupported:
+        return False
+    return not (entry.giant and options.skip_giants)
+
+
+def check_in_child(entry: ZooModel, options: RunOptions) -> list[ModelResult]:
+    cmd = [sys.executable, "-m", "model_zoo_checks.worker", entry.key, options.to_json()]
+    start = time.perf_counter()
+    try:
+        data = run_json_guarded(cmd, options.memory_limit_gib, options.timeout, entry.key)
+    except GuardError as exc:
+        seconds = time.perf_counter() - start
+        return [
+            _not_run(entry, b, Status.ERROR, first_line(exc), seconds) for b in options.backends
+        ]
+    return [ModelResult.from_dict(d) for d in data]
+
+
+def check_here(entry: ZooModel, options: RunOptions) -> list[ModelResult]:
+    torch.set_num_threads(options.threads)
+    start = time.perf_counter()
+    results = []
+    with quiet_warnings(), _engine_for(entry):
+        try:
+            model = entry.build_randomized()
+            inputs = entry.example_inputs()
+            module = model if entry.route is Route.FX else quietly_script(model)
+        except Exception as exc:
+            error = f"building: {first_line(exc)}"
+            seconds = time.perf_counter() - start
+            return [_not_run(entry, b, Status.ERROR, error, seconds) for b in options.backends]
+        for backend in options.backends:
+            result = _check_backend(entry, model, module, inputs, backend, options)
+            result.seconds = time.perf_counter() - start  # the first backend pays for the build
+            results.append(result)
+            start = time.perf_counter()
+        del model, module, inputs
+    gc.collect()
+    return results
+
+
+def _check_backend(
+    entry: ZooModel,
+    model: torch.nn.Module,
+    module: torch.nn.Module,
+    inputs: tuple[Any, ...],
+    backend: Backend,
+    options: RunOptions,
+) -> ModelResult:
+    result = _not_run(entry, backend, Status.ERROR, None)
+    blocklist = set(options.blocklist)
+    if backend is Backend.VULKAN:
+        blocklist.add(MobileOptimizerType.VULKAN_AUTOMATIC_GPU_TRANSFER)
+    try:
+        start = time.perf_counter()
+        mobile = fxmobile.optimize(
+            module, blocklist, backend=backend, example_inputs=inputs, tolerance=entry.tolerance
+        )
+        result.optimize_seconds = time.perf_counter() - start
+        report = mobile.report
+        result.notes = list(report.notes)
+        result.ops_after = dict(sorted((report.ops_after or {}).items()))
+        result.unfused_by_op = dict(sorted((report.unfused_ops or {}).items()))
+        result.unfused_ops = sum(result.unfused_by_op.values())
+        result.file_bytes = report.file_bytes
+        if report.numerics:
+            result.relative_error = max(c.relative_error for c in report.numerics)
+        if entry.kind in (Kind.CLASSIFICATION, Kind.QUANTIZED):
+            eager, optimized = run_model(model, inputs), run_model(mobile.module, inputs)
+            result.top5_match = same_top5(eager, optimized)
+        if backend is Backend.CPU and options.rounds > 0:
+            candidates = {
+                "eager": lambda: model(*inputs),
+                "optimized": lambda: mobile.module(*inputs),
+            }
+            timings = interleaved_medians(
+                candidates, _rounds(candidates, options), warmup=options.warmup
+            )
+            result.eager_ms = timings["eager"].median_ms
+            result.optimized_ms = timings["optimized"].median_ms
+    except Exception as exc:
+        result.error = first_line(exc)
+        return result
+    result.status, result.error = _verdict(result)
+    return result
+
+
+def _rounds(candidates: dict[str, Callable[[], object]], options: RunOptions) -> int:
+    """``options.rounds``, or more for a fast model: as many as fill ``options.min_time``
+    seconds (at most ``MAX_ROUNDS``), so a median of a few milliseconds is not noise."""
+    start = time.perf_counter()
+    with torch.no_grad():
+        for run in candidates.values():
+            run()
+    one_round = time.perf_counter() - start
+    fill = int(options.min_time / one_round) if one_round > 0 else MAX_ROUNDS
+    return max(options.rounds, min(fill, MAX_ROUNDS))
+
+
+def _verdict(result: ModelResult) -> tuple[Status, str | None]:
+    tolerance = result.tolerance or 0.0
+    if result.relative_error is None:
+        return Status.FAILED, "numerics not checked: " + "; ".join(result.notes)
+    if result.relative_error > tolerance:
+        return Status.FAILED, f"relative error {result.relative_error:.3g} > {tolerance:g}"
+    if result.top5_match is False:
+        return Status.FAILED, "top-5 indices differ from eager"
+    return Status.PASSED, None
+
+
+def same_top5(eager: torch.Tensor, optimized: torch.Tensor) -> bool:
+    """Identical top-5 indices; an order that differs only among exactly tied eager scores
+    (common in a quantized model's outputs) counts as identical."""
+    ref = eager.detach().reshape(eager.shape[0], -1)
+    act = optimized.detach().reshape(ref.shape)
+    ref_idx, act_idx = ref.topk(5).indices, act.topk(5).indices
+    return torch.equal(ref_idx, act_idx) or torch.equal(
+        ref.gather(1, ref_idx), ref.gather(1, act_idx)
+    )
+
+
+def _not_run(
+    entry: ZooModel, backend: Backend, status: Status, why: str | None, seconds: float = 0.0
+) -> ModelResult:
+    return ModelResult(
+        key=entry.key,
+        name=entry.name,
+        kind=str(entry.kind),
+        family=entry.family,
+        backend=backend.value,
+        route=str(entry.route),
+        input_shape=list(entry.input_shape),
+        status=status,
+        error=why,
+        tolerance=entry.tolerance,
+        seconds=seconds,
+    )
+
+
+def _engine_for(entry: ZooModel) -> contextlib.AbstractContextManager[None]:
+    from model_zoo_checks.builders import quantized_engine
+
+    return quantized_engine() if entry.kind is Kind.QUANTIZED else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def quiet_warnings() -> Iterator[None]:
+    """torch 2.15 deprecates TorchScript and eager quantization, which the zoo exercises."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", message=".*Lite Interpreter is deprecated")
+        warnings.filterwarnings("ignore", message="torch.quantize_per_tensor, torch.quantize_per")
+        warnings.filterwarnings("ignore", message=".*RCNN always returns a")
+        yield
+
+
+class Progress:
+    """One line per model on stderr: statuses, its time, elapsed time and an ETA."""
+
+    def __init__(self, runs: int, stream: Any = None) -> None:
+        self.runs = runs  # models that will run (the ETA ignores the rest)
+        self.done = 0
+        self.count = 0
+        self.stream = stream if stream is not None else sys.stderr
+        self.start = time.monotonic()
+
+    def update(self, total: int, results: Sequence[ModelResult], ran: bool) -> None:
+        self.count += 1
+        self.done += ran
+        elapsed = time.monotonic() - self.start
+        left = max(self.runs - self.done, 0)
+        eta = elapsed / self.done * left if self.done else 0.0
+        statuses = ", ".join(f"{r.backend} {r.status}" for r in results)
+        seconds = sum(r.seconds for r in results)
+        width = len(str(total))
+        line = (
+            f"[{self.count:>{width}}/{total}] {results[0].key:<40} {statuses:<24} "
+            f"{seconds:6.1f}s  elapsed {_clock(elapsed)}  ETA {_clock(eta)}"
+        )
+        print(line, file=self.stream, flush=True)
+
+
+def run_zoo(
+    entries: Sequence[ZooModel],
+    options: RunOptions,
+    progress: Progress | None = None,
+    check: Callable[[ZooModel, RunOptions], list[ModelResult]] = check_model,
+) -> list[ModelResult]:
+    """Every entry on every selected backend, in catalogue order."""
+    progress = progress or Progress(sum(will_run(e, options) for e in entries))
+    results: list[ModelResult] = []
+    for entry in entries:
+        model_results = check(entry, options)
+        results.extend(model_results)
+        progress.update(len(entries), model_results, will_run(entry, options))
+    return results
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s"
