@@ -43,6 +43,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# OpenMP threads wait passively unless the environment says otherwise: spinning assumes free
+# cores, and on this shared 2-core machine it made 2-thread medians swing 2-10x (mobilenet_v3
+# eager at 2 threads slower than at 1). Set before torch loads the OpenMP runtime; it applies
+# to every candidate alike (ONNX Runtime keeps its own thread pool's defaults).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import torch
 import torch.jit.mobile
 import torchvision
