@@ -131,6 +131,7 @@ def test_optimize_python_file_writes_a_lite_file_that_matches_eager(
     assert code == 0, err
     assert "fxmobile report: Net for CPU" in stdout
     assert "conv_bn_fusion" in stdout
+    assert "INPUT_NOT_CHANNELS_LAST" not in stdout  # the CPU default runs channels-last
     check = stdout.split("lite interpreter vs eager:")[1]
     assert "ok" in check.split("\n\n")[0] and "MISMATCH" not in stdout
     lite = torch.jit.mobile._load_for_lite_interpreter(str(out))
@@ -303,7 +304,7 @@ def test_channels_last_markdown_and_latency(
     code, stdout, err = cli(
         capsys,
         *argv,
-        "--channels-last",
+        "--no-channels-last",
         "--format",
         "markdown",
         "--latency",
@@ -314,7 +315,7 @@ def test_channels_last_markdown_and_latency(
     )
     assert code == 0, err
     assert "| stage " in stdout and "|---" in stdout  # GitHub tables
-    assert "INPUT_NOT_CHANNELS_LAST" not in stdout
+    assert "INPUT_NOT_CHANNELS_LAST" in stdout  # eager's layout kept, as asked
     latency = stdout.split("| latency")[1]
     for row in ("eager", "optimized TorchScript", "lite interpreter"):
         assert f"| {row}" in latency
@@ -475,7 +476,7 @@ def test_lint_exits_1_with_lints_and_lists_them(
     optimized_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     expected = generate_mobile_module_lints(torch.jit.load(str(optimized_file)))
-    assert expected  # no bundled inputs, input not channels-last
+    assert expected  # no bundled inputs
     code, stdout, _ = cli(capsys, "lint", optimized_file)
     assert code == 1
     for lint in expected:
@@ -535,12 +536,16 @@ def test_inspect_counts_match_the_graph(
     )
     lite = torch.jit.mobile._load_for_lite_interpreter(str(optimized_file))
     assert found["lite_operators"] == sorted(torch.jit.mobile._export_operator_list(lite))
-    assert found["unfused_ops"] == {"aten::mean": 1}
+    # channels-last (the CPU default): the layout change in, and back to eager's on the way out
+    assert found["unfused_ops"] == {"aten::contiguous": 2, "aten::mean": 1}
 
     code, stdout, _ = cli(capsys, "inspect", optimized_file, "--contexts")
     assert code == 0
     assert "__torch__.torch.classes.xnnpack.Conv2dOpContext" in stdout and "8x3x3x3" in stdout
-    assert "mobile_optimized=True" in stdout and "ops left unfused: 1 (aten::mean 1)" in stdout
+    assert (
+        "mobile_optimized=True" in stdout
+        and "ops left unfused: 3 (aten::contiguous 2, aten::mean 1)" in stdout
+    )
 
 
 def test_inspect_a_file_without_bytecode(

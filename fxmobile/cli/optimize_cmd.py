@@ -69,7 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="methods to keep besides forward",
     )
     parser.add_argument(
-        "--channels-last", action="store_true", help="run convolutions in channels-last layout"
+        "--channels-last",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run activations channels-last (default: on for cpu, off for vulkan and metal)",
     )
     parser.add_argument(
         "--weights",
