@@ -204,6 +204,14 @@ def test_plot_without_matplotlib_says_so(tmp_path: Path, monkeypatch: pytest.Mon
     assert "no model was timed" in plot_speedups([result(eager_ms=None)], tmp_path / "x.png")
 
 
+def test_plot_writes_a_png_with_matplotlib(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "speedup.png"
+    message = plot_speedups([result(), result(key="b", name="b", optimized_ms=4.0)], path)
+    assert str(path) in message
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 # --- catalogue and selection ---------------------------------------------------------------
 
 CATALOGUE = all_models()
