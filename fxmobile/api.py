@@ -8,10 +8,11 @@ from typing import Any
 
 import torch
 from torch import fx, nn
+from torch.utils import _pytree as pytree
 
 from fxmobile.capture import capture
 from fxmobile.capture.trace import LeafSpec, eager_arguments
-from fxmobile.errors import InvalidArgumentError, InvalidValueError
+from fxmobile.errors import CaptureError, InvalidArgumentError, InvalidValueError
 from fxmobile.options import BlocklistItem, normalize_blocklist
 from fxmobile.passes.manager import FxPassManager
 from fxmobile.passes.pipeline import fx_pipeline
@@ -93,7 +94,10 @@ def run_fx_stage(
     if inputs is not None:
         # The eager copy, before any pass touches the parameters it shares with the graph.
         specialized = {k: v for k, v in (concrete_args or {}).items() if v is not fx.PH}
-        reference = _run_eager(captured.graph_module, captured.eager_copy, inputs, specialized)
+        reference, after_eager = _run_eager(
+            captured.graph_module, captured.eager_copy, inputs, specialized
+        )
+        check_input_writes(captured.graph_module, type(model).__name__, inputs, after_eager)
     report = Report(model_name=type(model).__name__, notes=list(captured.notes))
     manager = FxPassManager(fx_pipeline(channels_last=channels_last), blocked, inputs)
     gm, records = manager.run(captured.graph_module)
@@ -117,12 +121,56 @@ def check_tolerance(tolerance: object) -> None:
         )
 
 
+def check_input_writes(
+    gm: fx.GraphModule, model_name: str, inputs: tuple[Any, ...], after_eager: tuple[Any, ...]
+) -> None:
+    """Refuse a model whose forward writes to an input in a way the graph does not.
+
+    torch.fx records ``x += c`` on a tensor as ``x = x + c`` (its proxies have no in-place
+    operators), so the captured graph silently stops writing to the caller's tensor.
+    ``after_eager`` holds eager's clones of ``inputs`` after its call; only when eager changed
+    one is the graph run, and it must leave that input exactly as eager did.
+    """
+    before = pytree.tree_leaves(inputs)
+    eager_leaves = pytree.tree_leaves(after_eager)
+    written = [
+        i
+        for i, (b, a) in enumerate(zip(before, eager_leaves, strict=True))
+        if isinstance(b, torch.Tensor) and not torch.equal(b, a)
+    ]
+    if not written:
+        return
+    graph_inputs = pytree.tree_map(_clone, inputs)
+    with torch.no_grad():
+        gm(*graph_inputs)
+    graph_leaves = pytree.tree_leaves(graph_inputs)
+    names = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
+    for i in written:
+        if not torch.equal(graph_leaves[i], eager_leaves[i]):
+            name = repr(names[i]) if len(names) == len(before) else f"#{i}"
+            raise CaptureError(
+                f"{model_name}.forward writes to its input {name} in place, and torch.fx did "
+                f"not capture the write (it records `x += c` on a tensor as `x = x + c`). "
+                f"Fix: use the in-place method (`x.add_(c)`), or do not write to the input "
+                f"(`x = x + c`)."
+            )
+
+
+def _clone(x: Any) -> Any:
+    return x.clone() if isinstance(x, torch.Tensor) else x
+
+
 def _run_eager(
     gm: fx.GraphModule, eager: nn.Module, inputs: tuple[Any, ...], specialized: dict[str, Any]
-) -> Any:
+) -> tuple[Any, tuple[Any, ...]]:
+    """Eager's outputs on clones of ``inputs`` (a forward may write to them), and the clones
+    as the call left them."""
     names = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
+    cloned = pytree.tree_map(_clone, inputs)
     try:
-        return run_model(eager, *eager_arguments(eager, inputs, specialized))
+        args, kwargs = eager_arguments(eager, cloned, specialized)
+        with torch.no_grad():
+            return eager(*args, **kwargs), cloned
     except Exception as exc:
         shapes = [
             tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__ for x in inputs
