@@ -136,7 +136,7 @@ def check_input_writes(
     written = [
         i
         for i, (b, a) in enumerate(zip(before, eager_leaves, strict=True))
-        if isinstance(b, torch.Tensor) and not torch.equal(b, a)
+        if isinstance(b, torch.Tensor) and not _same(b, a)
     ]
     if not written:
         return
@@ -146,7 +146,7 @@ def check_input_writes(
     graph_leaves = pytree.tree_leaves(graph_inputs)
     names = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
     for i in written:
-        if not torch.equal(graph_leaves[i], eager_leaves[i]):
+        if not _same(graph_leaves[i], eager_leaves[i]):
             name = repr(names[i]) if len(names) == len(before) else f"#{i}"
             raise CaptureError(
                 f"{model_name}.forward writes to its input {name} in place, and torch.fx did "
@@ -154,6 +154,13 @@ def check_input_writes(
                 f"Fix: use the in-place method (`x.add_(c)`), or do not write to the input "
                 f"(`x = x + c`)."
             )
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-for-bit the same values, NaN equal to NaN (an input may hold NaN)."""
+    if torch.equal(a, b):
+        return True
+    return a.is_floating_point() and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)
 
 
 def _clone(x: Any) -> Any:

@@ -767,6 +767,12 @@ def test_regression_augmented_assignment_to_an_input_is_refused() -> None:
         fxmobile.optimize(model, example_inputs=given)
     assert torch.equal(given, x), "the caller's example input was written"
 
+    # a NaN in an input is not a write (NaN != NaN under torch.equal)
+    nan_input = torch.randn(1, 2, 3, 3)
+    nan_input[0, 0, 0, 0] = float("nan")
+    conv = nn.Sequential(nn.Conv2d(2, 2, 1)).eval()
+    fxmobile.optimize_fx(conv, nan_input, tolerance=float("inf"))
+
 
 @pytest.mark.skipif(not HAS_SCRIPT_STAGE, reason="fxmobile.optimize is not exported yet")
 @pytest.mark.parametrize("padding", ["same", "valid"])
