@@ -797,6 +797,30 @@ def test_regression_augmented_assignment_to_an_input_is_refused() -> None:
     fxmobile.optimize_fx(conv, nan_input, tolerance=float("inf"))
 
 
+class WriteThroughViewThenAddRelu(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("c", torch.tensor(0.7))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.unsqueeze(-1).add_(self.c)  # writes x through a view
+        return torch.relu(x + x)
+
+
+@pytest.mark.skipif(not HAS_SCRIPT_STAGE, reason="fxmobile.optimize is not exported yet")
+def test_regression_add_relu_fusion_is_not_moved_before_a_write_to_its_input() -> None:
+    """torch's add + relu fusion placed ``_add_relu(x, x)`` before ``unsqueeze(x).add_(c)``, so
+    it read ``x`` unwritten (found by the 20,000-model profile, error 0.41 of a scale of 3.5)."""
+    model = WriteThroughViewThenAddRelu().eval()
+    x = torch.rand(1, 1, 3)
+    result = fxmobile.optimize(model, example_inputs=x.clone(), backend="CPU")
+    assert result.report.numerics_passed
+    expected_input, got_input = x.clone(), x.clone()
+    with torch.no_grad():
+        torch.testing.assert_close(result.module(got_input), model(expected_input))
+    assert torch.equal(got_input, expected_input)
+
+
 @pytest.mark.skipif(not HAS_SCRIPT_STAGE, reason="fxmobile.optimize is not exported yet")
 @pytest.mark.parametrize("padding", ["same", "valid"])
 def test_regression_script_conv1d_with_string_padding(padding: str) -> None:

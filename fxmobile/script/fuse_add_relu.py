@@ -3,6 +3,11 @@
 relu(add(a, b, alpha))    -> _add_relu(a, b, alpha)
 relu_(add(a, b, alpha))   -> _add_relu(a, b, alpha)
 relu_(add_(a, b, alpha))  -> _add_relu_(a, b, alpha)
+
+torch's rewrite places the fused node without regard to aliasing, so a graph where an add's
+input shares memory with a tensor written in place elsewhere is left alone (see
+``fxmobile.script.aliasing``); the resnet pattern ``relu_(a + b)`` writes only the add's own
+result and still fuses.
 """
 
 from __future__ import annotations
@@ -10,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from fxmobile.options import MobileOptimizerType
-from fxmobile.script.graph_utils import method_graphs
+from fxmobile.script.aliasing import root, written_roots
+from fxmobile.script.graph_utils import iter_nodes, method_graphs
 from fxmobile.script.infra import CountingScriptPass, ScriptContext
 from fxmobile.script.jit_passes import jit
 
@@ -22,5 +28,21 @@ class FuseAddRelu(CountingScriptPass):
 
     def rewrite(self, module: torch.jit.ScriptModule, ctx: ScriptContext) -> torch.jit.ScriptModule:
         for graph in method_graphs(module, ctx.methods):
-            jit._jit_pass_fuse_add_relu(graph)
+            if not _add_input_written(graph):
+                jit._jit_pass_fuse_add_relu(graph)
         return module
+
+
+def _add_input_written(graph: torch._C.Graph) -> bool:
+    """An add's input shares memory with a tensor that another op writes in place."""
+    written = written_roots(graph)
+    if not written:
+        return False
+    for node in iter_nodes(graph):
+        if node.kind() in ("aten::add", "aten::add_"):
+            inputs = list(node.inputs())[:2]
+            # add_ writes its own first input: that write is the pattern's, not another op's
+            others = written - {root(inputs[0])} if node.kind() == "aten::add_" else written
+            if any(root(v) in others for v in inputs):
+                return True
+    return False
