@@ -142,31 +142,23 @@ def test_conv2d_sweep(case: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
 @pytest.mark.parametrize(
-    ("size", "nchw_out"),
-    [
-        ((1, 6, 3, 3), False),
-        ((1, 16, 12, 10), True),
-        ((2, 8, 9, 9), True),
-        ((1, 4, 30, 30), False),
-        ((1, 24, 30, 30), True),
-        ((1, 64, 64, 64), True),
-    ],
+    "size",
+    [(1, 6, 3, 3), (1, 16, 12, 10), (2, 8, 9, 9), (1, 4, 30, 30), (1, 24, 30, 30), (1, 64, 64, 64)],
     ids=["tiny-image", "gemm", "gemm-batch2", "expanding", "reducing", "large-input"],
 )
 @pytest.mark.parametrize("clamp", [(None, None), (0.0, 6.0)], ids=["noclamp", "relu6"])
-def test_conv2d_1x1_paths(
-    size: tuple[int, ...], nchw_out: bool, channels_last: bool, clamp: Clamp
-) -> None:
-    """1x1 convolutions (12 output channels) on each path: NCHW input stays NCHW on the GEMM
-    and on oneDNN's NCHW route (large input); the transposed route (tiny images, expanding
-    convolutions on large ones) and channels-last input give channels-last."""
+def test_conv2d_1x1_paths(size: tuple[int, ...], channels_last: bool, clamp: Clamp) -> None:
+    """1x1 convolutions (12 output channels) on each path (GEMM on NCHW or channels-last data,
+    oneDNN on NCHW, transposed to channels-last first) match conv2d + clamp, and the output
+    keeps the input's memory format, as eager's conv and upstream's XNNPACK ops do."""
     w, b = _rand(12, size[1], 1, 1, seed=4), _rand(12, seed=5)
     x = _layout(_rand(*size, seed=6), channels_last)
     _check_conv2d(x, w, b, [1, 1], [0, 0], [1, 1], 1, clamp)
     ctx = ops.prepacked.conv2d_clamp_prepack(w, b, [1], [0], [1], 1)
     y = ops.prepacked.conv2d_clamp_run(x, ctx)
-    nchw = nchw_out and not channels_last
-    assert y.is_contiguous() if nchw else y.is_contiguous(memory_format=torch.channels_last)
+    assert (
+        y.is_contiguous(memory_format=torch.channels_last) if channels_last else y.is_contiguous()
+    )
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -214,7 +206,7 @@ def test_depthwise_direct_and_onednn_paths(
     clamp: Clamp,
 ) -> None:
     """Depthwise convolutions on small maps run fxmobile's direct loop, larger ones oneDNN; both
-    match conv2d + clamp and write channels-last output."""
+    match conv2d + clamp, and the output keeps the input's memory format."""
     c = size[1]
     w, b = _rand(c, 1, kernel, kernel, seed=60), _rand(c, seed=61)
     x = _layout(_rand(*size, seed=62), channels_last)
@@ -226,7 +218,9 @@ def test_depthwise_direct_and_onednn_paths(
         y = ops.prepacked.conv2d_clamp_run(x, ctx)
     finally:
         torch.set_num_threads(before)
-    assert y.is_contiguous(memory_format=torch.channels_last)
+    assert (
+        y.is_contiguous(memory_format=torch.channels_last) if channels_last else y.is_contiguous()
+    )
 
 
 def test_depthwise_direct_path_propagates_nan() -> None:

@@ -248,6 +248,9 @@ class ToChannelsLast(FxPass):
         if any(_reads_strides(n) for n in affected):
             skips.add(STRIDES)
             return PassResult(gm, 0, dict(skips))
+        if any(_written_through_reshape(gm, n) for n in affected):
+            skips.add(RESHAPED_WRITE)
+            return PassResult(gm, 0, dict(skips))
         changes = _apply(gm, plan, affected)
         reason = _check(gm)
         if reason is not None:
@@ -257,6 +260,27 @@ class ToChannelsLast(FxPass):
             skips.add(reason)
             return PassResult(gm, 0, dict(skips))
         return PassResult(gm, len(changes.nodes) + len(plan.tensors), dict(skips))
+
+
+# reshape, flatten, view and contiguous return a view of a contiguous tensor but a copy of a
+# channels-last one: a write through them reaches the original only in eager's layout.
+RESHAPED_WRITE = "a value is written in place through a reshape (a copy once channels-last)"
+_LAYOUT_DEPENDENT_VIEWS = frozenset(
+    {"reshape", "flatten", "view", "contiguous", "view_as", "reshape_as", "unflatten"}
+)
+
+
+def _written_through_reshape(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """A user of ``node`` reshapes it (a view only in NCHW) and that result is written."""
+    for user in node.users:
+        if user.op == "call_module":
+            reshaping = isinstance(module_of(gm, user), nn.Flatten | nn.Unflatten)
+        else:
+            name = user.target if user.op == "call_method" else getattr(user.target, "__name__", "")
+            reshaping = name in _LAYOUT_DEPENDENT_VIEWS
+        if reshaping and written_in_place(gm, user):
+            return True
+    return False
 
 
 def _apply(gm: fx.GraphModule, plan: _Plan, affected: set[fx.Node]) -> _Changes:

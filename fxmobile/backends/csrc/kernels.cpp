@@ -381,7 +381,10 @@ at::Tensor Conv2dKernel::run(const at::Tensor& input) const {
     return run_reference(input);
   }
   try {
-    return run_fast(input);
+    // The output keeps the input's memory format, as upstream's XNNPACK ops and eager conv do:
+    // a program may view the output (flatten) and write the view in place, and a
+    // channels-last output of an NCHW input would turn that view into a copy.
+    return run_fast(input).contiguous(input.suggest_memory_format());
   } catch (const c10::Error&) {
     // oneDNN refused this input size (it has no kernel for some geometries); ATen's
     // convolution covers every case the prepack validation accepted.

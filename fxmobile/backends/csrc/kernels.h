@@ -85,8 +85,8 @@ class Conv2dKernel {
       const char* run_op);
 
   // Runs on a 4-D input of either memory format; the values equal conv2d (or
-  // conv_transpose2d) followed by clamp. The output is channels-last, except on the paths
-  // that keep NCHW input as NCHW (1x1 GEMM, large input, few input channels).
+  // conv_transpose2d) followed by clamp, and the output has the input's memory format (a
+  // path that computes channels-last from NCHW input transposes back).
   at::Tensor run(const at::Tensor& input) const;
 
  private:
