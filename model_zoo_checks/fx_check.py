@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -17,6 +16,7 @@ import torch
 from torch import nn
 
 import fxmobile
+from model_zoo_checks.guard import run_json_guarded
 from model_zoo_checks.zoo import ZooModel, randomize_statistics
 
 TOLERANCE = 1e-4  # max abs error relative to max |eager output|
@@ -75,35 +75,9 @@ def check_fx(entry: ZooModel) -> FxCheck:
 
 
 def run_guarded(entry: ZooModel, limit_gib: float = 20.0, timeout: float = 1800) -> FxCheck:
-    """``check_fx`` in a child process, killed if its resident memory passes ``limit_gib``."""
+    """``check_fx`` in a child process under the memory guard (see ``model_zoo_checks.guard``)."""
     cmd = [sys.executable, "-m", "model_zoo_checks.fx_check", entry.name]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    start = time.monotonic()
-    peak = 0.0
-    while proc.poll() is None:
-        peak = max(peak, _rss_gib(proc.pid))
-        if peak > limit_gib or time.monotonic() - start > timeout:
-            proc.kill()
-            proc.wait()
-            raise MemoryError(
-                f"{entry.name}: stopped at {peak:.1f} GiB resident (guard {limit_gib} GiB)"
-            )
-        time.sleep(0.5)
-    out, err = proc.communicate()
-    if proc.returncode != 0:
-        raise RuntimeError(f"{entry.name} failed in its own process:\n{err[-4000:]}")
-    return FxCheck(**json.loads(out.strip().splitlines()[-1]))
-
-
-def _rss_gib(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 2**20
-    except OSError:
-        pass
-    return 0.0
+    return FxCheck(**run_json_guarded(cmd, limit_gib, timeout, entry.name))
 
 
 def main() -> None:

@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fxmobile.cli.common import human_bytes, table
+from fxmobile.cli.common import TABLE_FORMATS, human_bytes, table
 from fxmobile.mobile import MobileResult
 from fxmobile.report import OutputCheck
+from fxmobile.report.render import numerics_table
 from fxmobile.report.timing import Timing
 
 
@@ -39,7 +40,7 @@ def render(outcome: Outcome, fmt: str) -> str:
     parts.append(f"optimized in {outcome.seconds:.1f} s; saved {outcome.output} ({size})")
     versus = f"lite interpreter vs {outcome.reference}"
     if outcome.lite_checks is not None:
-        parts.append(f"{versus}:\n" + _checks_table(outcome.lite_checks, fmt))
+        parts.append(f"{versus}:\n" + numerics_table(outcome.lite_checks, TABLE_FORMATS[fmt]))
     else:
         parts.append(f"{versus}: not checked, {outcome.lite_skipped}")
     if outcome.latency is not None:
@@ -47,22 +48,6 @@ def render(outcome: Outcome, fmt: str) -> str:
     elif outcome.latency_skipped:
         parts.append(f"latency: not measured, {outcome.latency_skipped}")
     return "\n\n".join(parts)
-
-
-def _checks_table(checks: list[OutputCheck], fmt: str) -> str:
-    rows: list[list[object]] = [
-        [
-            c.path,
-            f"{c.max_abs_error:.3g}",
-            f"{c.reference_scale:.3g}",
-            f"{c.relative_error:.3g}",
-            f"{c.tolerance:.0e}",
-            "ok" if c.passed else "MISMATCH",
-        ]
-        for c in checks
-    ]
-    headers = ["output", "max abs err", "eager max abs", "relative", "tolerance", "check"]
-    return table(rows, headers, fmt)
 
 
 def _latency_table(outcome: Outcome, fmt: str) -> str:

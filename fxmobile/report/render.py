@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from fxmobile.report.records import PassRecord, Report, Status
+from fxmobile.report.records import OutputCheck, PassRecord, Report, Status
 
 
 def _bytes(n: int) -> str:
@@ -66,31 +66,7 @@ def render(report: Report, fmt: str) -> str:
         )
     )
     if report.numerics is not None:
-        rows = [
-            [
-                c.path,
-                f"{c.max_abs_error:.3g}",
-                f"{c.reference_scale:.3g}",
-                f"{c.relative_error:.3g}",
-                f"{c.tolerance:.0e}",
-                "ok" if c.passed else "MISMATCH",
-            ]
-            for c in report.numerics
-        ]
-        parts.append(
-            tabulate(
-                rows,
-                headers=[
-                    "output",
-                    "max abs err",
-                    "eager max abs",
-                    "relative",
-                    "tolerance",
-                    "check",
-                ],
-                tablefmt=fmt,
-            )
-        )
+        parts.append(numerics_table(report.numerics, fmt))
     if report.ops_after is not None:
         parts.append(_ops_table(report, fmt))
     if report.unfused_ops is not None:
@@ -112,3 +88,20 @@ def _unfused_line(unfused: dict[str, int]) -> str:
         return "ops left unfused: 0 (every tensor op runs in a packed kernel)"
     ranked = sorted(unfused.items(), key=lambda kv: (-kv[1], kv[0]))
     return f"ops left unfused: {total} (" + ", ".join(f"{k} {n}" for k, n in ranked) + ")"
+
+
+def numerics_table(checks: list[OutputCheck], fmt: str) -> str:
+    """One row per checked output: its error against eager and whether it passed."""
+    rows = [
+        [
+            c.path,
+            f"{c.max_abs_error:.3g}",
+            f"{c.reference_scale:.3g}",
+            f"{c.relative_error:.3g}",
+            f"{c.tolerance:.0e}",
+            "ok" if c.passed else "MISMATCH",
+        ]
+        for c in checks
+    ]
+    headers = ["output", "max abs err", "eager max abs", "relative", "tolerance", "check"]
+    return tabulate(rows, headers=headers, tablefmt=fmt)

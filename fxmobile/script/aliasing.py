@@ -54,16 +54,21 @@ def root(value: torch._C.Value) -> torch._C.Value:
         value = node.inputsAt(0)
 
 
-def written_roots(graph: torch._C.Graph) -> set[torch._C.Value]:
-    """Roots of every tensor an in-place op (a schema with ``Tensor(a!)``) writes."""
-    written = set()
+def writers(graph: torch._C.Graph) -> list[torch._C.Node]:
+    """The aten nodes that write one of their tensor inputs (a schema with ``Tensor(a!)``)."""
+    found = []
     for node in iter_nodes(graph):
-        if not node.kind().startswith("aten::"):
+        if not node.kind().startswith("aten::") or not list(node.inputs()):
             continue
         try:
             schema = node.schema()
         except RuntimeError:
             continue
-        if "!)" in schema and list(node.inputs()):
-            written.add(root(node.inputsAt(0)))
-    return written
+        if "!)" in schema:
+            found.append(node)
+    return found
+
+
+def written_roots(graph: torch._C.Graph) -> set[torch._C.Value]:
+    """Roots of every tensor an in-place op writes."""
+    return {root(node.inputsAt(0)) for node in writers(graph)}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from fxmobile.options import MobileOptimizerType
+from fxmobile.script.aliasing import writers
 from fxmobile.script.graph_utils import count_kinds, iter_nodes, method_graphs
 from fxmobile.script.infra import ScriptContext, ScriptPass, ScriptPassResult
 from fxmobile.script.jit_passes import jit
@@ -27,20 +28,11 @@ from fxmobile.script.jit_passes import jit
 
 def _writes_in_place(module: torch.jit.ScriptModule, methods: tuple[str, ...]) -> int:
     """Nodes that write one of their tensor inputs, in methods that have a conv1d."""
-    total = 0
-    for graph in method_graphs(module, methods):
-        nodes = list(iter_nodes(graph))
-        if any(node.kind() == "aten::conv1d" for node in nodes):
-            total += sum(1 for node in nodes if node.kind().startswith("aten::") and _writes(node))
-    return total
-
-
-def _writes(node: torch._C.Node) -> bool:
-    try:
-        schema = node.schema()
-    except RuntimeError:
-        return False
-    return "!)" in schema  # an alias annotation with a write: Tensor(a!)
+    return sum(
+        len(writers(graph))
+        for graph in method_graphs(module, methods)
+        if any(node.kind() == "aten::conv1d" for node in iter_nodes(graph))
+    )
 
 
 def _string_padded(module: torch.jit.ScriptModule, methods: tuple[str, ...]) -> int:
