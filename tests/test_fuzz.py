@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, assume, event, given, settings
 from torch import fx, nn
+from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 import fxmobile
@@ -156,7 +157,7 @@ TINY = 1e-30  # an output that is exactly zero must stay (about) zero
 # An output that eager gets wrong by more than this fraction of its scale is mostly rounding
 # noise (``v - v`` fed to a BN on batch statistics, say): the ratio of two rounding noises has a
 # long tail there (4.6x seen), so it gets 32x eager's error instead of 4x. Such outputs are
-# rare (none among the 900 measured below): the bound stays tight for every other one.
+# rare (none among the 3,236 measured below): the bound stays tight for every other one.
 ILL_CONDITIONED = 1e-3
 
 
@@ -165,17 +166,18 @@ def assert_close_to_anchor(
 ) -> None:
     """``|got - ref64| <= max(4 * noise, floor * scale) + tiny`` (32 * noise if ill-conditioned).
 
-    ``ref64`` is the model run in float64; ``noise`` is how far eager's rounding takes it from
-    there (``rounding_noise``); ``dtype`` is eager's dtype for this result. The optimized model
-    computes the same function with its rounding moved (a BN folded into a conv rounds
-    ``W * s`` once, a decomposed BN rounds ``x * s + t`` instead of
-    ``(x - mean) / sqrt(var + eps)``): its error is of eager's order, through the same
-    amplification (cancellation after a BN, division by a small constant), so a few times
-    eager's error covers it. The floor covers the outputs where
-    eager's own error is small by luck. Measured on 900 fuzzed outputs with every pass enabled:
-    the optimized error reached 5.8x eager's (99th percentile 4.5x), never 5% of the bound. A
-    bug (a lost bias, a wrong weight axis, a corrupted shared conv) is off by a sizeable
-    fraction of the output's scale: orders of magnitude beyond the bound.
+    ``ref64`` is the model run in float64; ``noise`` is how far rounding takes eager from
+    there (``rounding_noise``: eager's own error, and how far eager moves when every parameter
+    or every intermediate changes by one unit in the last place); ``dtype`` is eager's dtype
+    for this result. The optimized model computes the same function with its rounding moved (a
+    BN folded into a conv rounds ``W * s`` once, a decomposed BN rounds ``x * s + t`` instead
+    of ``(x - mean) / sqrt(var + eps)``): its error goes through the same amplification
+    (cancellation after a BN, division by a small constant) as those nudges, so a few times the
+    noise covers it. The floor covers the outputs where all of them are small by luck. Measured
+    on the 1,420 outputs of the default profile (500 models per stage) with a nonzero error:
+    the optimized error reached 1.33x the noise (99th percentile 1.0x, median 0.24x). A bug (a
+    lost bias, a wrong weight axis, a corrupted shared conv) is off by a sizeable fraction of
+    the output's scale: orders of magnitude beyond the bound.
     """
     assert got.shape == ref64.shape, f"{where}: shape {tuple(got.shape)} != {tuple(ref64.shape)}"
     if not ref64.numel():
@@ -186,7 +188,7 @@ def assert_close_to_anchor(
     bound = max(factor * noise, REL_FLOOR[dtype] * scale) + TINY
     assert err <= bound, (
         f"{where}: max abs error {err:.3g} against the float64 anchor exceeds {bound:.3g} "
-        f"(eager's own error {noise:.3g}, output scale {scale:.3g})"
+        f"(rounding noise {noise:.3g}, output scale {scale:.3g})"
     )
 
 
@@ -222,6 +224,9 @@ def rounding_noise(
     if any(e.dtype is torch.float64 for e in eager):
         copy32 = results(in_dtype(model, torch.float32), spec, torch.float32)
     nudged = results(nudged_copy(model, spec.seed), spec)
+    jittered_model = copy.deepcopy(model)
+    with RoundingJitter(spec.seed):
+        jittered = results(jittered_model, spec)
     noise = []
     for i, (e, r) in enumerate(zip(eager, ref64, strict=True)):
         if not r.numel():
@@ -235,6 +240,11 @@ def rounding_noise(
         # eager is exact by luck (batch statistics of a constant divide that last bit by
         # sqrt(eps): found by the long profile).
         n = max(n, float((nudged[i].double() - e.double()).abs().max()))
+        # Folding and fusing also move where each operation rounds: the output's sensitivity
+        # to a last-bit change of every intermediate is that rounding. It shows where a
+        # normalization by batch statistics amplifies what eager happened to round alike
+        # (found by the long profile: 18x eager's own error, 1e-5 of the scale).
+        n = max(n, float((jittered[i].double() - e.double()).abs().max()))
         noise.append(n)
     return noise
 
@@ -254,6 +264,43 @@ def nudged_copy(model: nn.Module, seed: int) -> nn.Module:
                         signs = torch.randint(0, 2, t.shape, generator=generator) * 2 - 1
                         t.mul_(1 + ulp * signs.to(t.dtype))
     return copied
+
+
+class RoundingJitter(TorchFunctionMode):
+    """Moves every freshly computed floating tensor by one unit in the last place, up or
+    down at random: the model computed with each operation rounding differently.
+
+    Results that share storage with an argument (in-place ops, views, ``.data``,
+    ``x.contiguous()`` of a contiguous ``x``) are left alone, so what the model writes and
+    shares stays as eager has it.
+    """
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if (
+            isinstance(out, torch.Tensor)
+            and out.is_floating_point()
+            and not self._aliases(out, args, kwargs)
+        ):
+            ulp = torch.finfo(out.dtype).eps
+            signs = torch.randint(0, 2, out.shape, generator=self.generator) * 2 - 1
+            with torch.no_grad():
+                out.mul_(1 + ulp * signs.to(out.dtype))
+        return out
+
+    @staticmethod
+    def _aliases(out: torch.Tensor, args: Any, kwargs: Any) -> bool:
+        storage = out.untyped_storage().data_ptr()
+        return any(
+            isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == storage
+            for a in pytree.tree_leaves((args, kwargs))
+        )
 
 
 # ----------------------------------------------------------------------------- structure
@@ -488,8 +535,8 @@ def report_coverage(spec: ModelSpec) -> None:
             event(f"constant {b.options['op']} after {spec.blocks[b.src - 1].kind.value}")
 
 
-def check_model(stage: Stage, spec: ModelSpec) -> None:
-    report_coverage(spec)
+def check_model(stage: Stage, spec: ModelSpec) -> str | None:
+    """Checks the model ``spec`` describes through ``stage``; the refusal's name if refused."""
     model = build(spec)
     snapshot = ModelSnapshot.take(model)
     eager = results(model, spec)
@@ -503,9 +550,8 @@ def check_model(stage: Stage, spec: ModelSpec) -> None:
         raise
     except fxmobile.FxMobileError as exc:
         assert str(exc), f"{type(exc).__name__} without a message"
-        event(f"refused: {type(exc).__name__}")
         snapshot.assert_unchanged(model)
-        return
+        return type(exc).__name__
     snapshot.assert_unchanged(model)
     assert torch.equal(given_input, example_input(spec)), "optimizing wrote to example_inputs"
     assert_outputs_identical(eager, results(model, spec))
@@ -522,6 +568,7 @@ def check_model(stage: Stage, spec: ModelSpec) -> None:
         assert torch.equal(a, g), f"result {i} differs on a second call (pytorch/pytorch#52463)"
     if stage is not Stage.SCRIPT_CPU:
         check_structure(spec, model, optimized, report)
+    return None
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -529,7 +576,10 @@ def check_model(stage: Stage, spec: ModelSpec) -> None:
 @FUZZ
 @given(spec=model_specs())
 def test_optimized_model_matches_eager(stage: Stage, spec: ModelSpec) -> None:
-    check_model(stage, spec)
+    report_coverage(spec)
+    refusal = check_model(stage, spec)
+    if refusal:
+        event(f"refused: {refusal}")
 
 
 # ----------------------------------------------------------------------------- the oracle itself
@@ -554,6 +604,76 @@ def test_bound_tells_rounding_from_a_bug() -> None:
         lost_bias = folded(x)  # W' folded, b' = beta - mean * s forgotten (pytorch#127227)
     with pytest.raises(AssertionError, match="exceeds"):
         assert_close_to_anchor(lost_bias, ref64, noise, torch.float32, "lost bias")
+
+
+def batch_statistics_after_a_bn_chain() -> ModelSpec:
+    """The program the long profile shrank to: a 1x1 conv, a chain of BNs on running
+    statistics (the function form called twice with the same tensors), then a BN on batch
+    statistics with a small eps."""
+    x = Value(5, (3, 8), torch.float32)
+    bn = {"eps": 0.1, "affine": "parameter"}
+    conv = {
+        "out_channels": 5,
+        "kernel": (1, 1),
+        "stride": (1, 1),
+        "padding": (0, 0),
+        "dilation": (1, 1),
+        "groups": 1,
+        "bias": False,
+        "padding_mode": "zeros",
+    }
+    blocks = (
+        Block(Kind.CONV, "module", 0, x, conv),
+        Block(Kind.BATCHNORM, "function", 1, x, bn),
+        Block(Kind.ACTIVATION, "module", 2, x, {"op": "relu", "inplace": False}),
+        Block(Kind.BATCHNORM, "function", 3, x, {**bn, "alias": False}, owner=1),
+        Block(
+            Kind.BATCHNORM,
+            "module",
+            4,
+            x,
+            {"eps": 0.1, "affine": False, "track_running_stats": True},
+        ),
+        Block(Kind.BATCHNORM, "function_batch_stats", 5, x, {"eps": 0.0004, "affine": "parameter"}),
+    )
+    return ModelSpec(x, 2, Layout.CONTIGUOUS, blocks, (6,), seed=0)
+
+
+@pytest.mark.skipif(not HAS_SCRIPT_STAGE, reason="needs fxmobile.optimize")
+def test_regression_oracle_noise_covers_rounding_amplified_by_batch_statistics() -> None:
+    """A BN on batch statistics divides each element's rounding by the channel's spread; a
+    folded BN chain rounds each element differently from eager, which rounded many alike. The
+    optimized error was 18x eager's own (3.9e-5 of a scale of 3.6; found by the 20,000-model
+    profile, one thread), a false alarm of the oracle: the noise estimate now includes eager
+    with every intermediate nudged by one unit in the last place."""
+    spec = batch_statistics_after_a_bn_chain()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the rounding that was seen, reduction order included
+    try:
+        assert check_model(Stage.SCRIPT_CPU, spec) is None
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_rounding_jitter_moves_results_and_leaves_the_model_alone() -> None:
+    """The jittered run differs from eager in the last bits only, never touches parameters or
+    tensors that share storage with an argument, and keeps in-place writes where eager has them."""
+    spec = batch_statistics_after_a_bn_chain()
+    model = build(spec)
+    snapshot = ModelSnapshot.take(model)
+    eager = results(model, spec)
+    with RoundingJitter(spec.seed):
+        jittered = results(model, spec)
+    snapshot.assert_unchanged(model)
+    for e, j in zip(eager[:-1], jittered[:-1], strict=True):
+        assert not torch.equal(e, j)
+        torch.testing.assert_close(j, e, rtol=0, atol=1e-3 * float(e.abs().max()))
+    x = torch.ones(3)
+    with RoundingJitter(0):
+        y = x.add_(1)
+        z = x.view(3) * 1
+    assert y is x and torch.equal(x, torch.full((3,), 2.0)), "an in-place result was moved"
+    assert not torch.equal(z, x), "a fresh result was not moved"
 
 
 def test_structure_checks_see_what_did_not_happen() -> None:
