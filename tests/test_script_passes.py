@@ -18,7 +18,7 @@ from fxmobile.script.fold_conv_batchnorm import FoldConvBatchNorm
 from fxmobile.script.freezing import Freeze, bundled_inputs_attributes, freeze
 from fxmobile.script.fuse_add_relu import FuseAddRelu
 from fxmobile.script.fuse_linear import FuseLinear
-from fxmobile.script.graph_utils import count_kinds, op_histogram
+from fxmobile.script.graph_utils import count_kinds, iter_nodes, op_histogram
 from fxmobile.script.hoist_conv_packed_params import (
     PREFIX,
     HoistConvPackedParams,
@@ -234,6 +234,33 @@ def test_op_histogram_counts_inlined_kinds() -> None:
     hist = op_histogram(module, ["forward"])
     assert hist["aten::conv2d"] == 2 and hist["aten::relu"] == 1
     assert "prim::Constant" not in hist
+
+
+class ControlFlow(nn.Module):
+    def forward(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        for _ in range(n):
+            if bool(x.sum() > 0):
+                x = x.relu()
+            else:
+                with torch.no_grad():
+                    x = x.sigmoid()
+        return x
+
+
+def test_iter_nodes_finds_the_nodes_inside_every_block() -> None:
+    """``iter_nodes`` only asks the kinds in ``_WITH_BLOCKS`` for blocks: it must still see
+    every node a full walk sees."""
+
+    def every_node(block: torch._C.Block) -> Iterator[str]:
+        for node in block.nodes():
+            yield node.kind()
+            for inner in node.blocks():
+                yield from every_node(inner)
+
+    graph = torch.jit.script(ControlFlow()).graph
+    expected = sorted(every_node(graph.block()))
+    assert {"prim::If", "prim::Loop", "prim::Enter", "aten::relu", "aten::sigmoid"} <= set(expected)
+    assert sorted(n.kind() for n in iter_nodes(graph)) == expected
 
 
 @pytest.mark.parametrize("pass_", [Canonicalize(), FuseAddRelu()])
