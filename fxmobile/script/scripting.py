@@ -6,6 +6,10 @@ forward was annotated with a type it does not return in eval mode (torchvision's
 inception_v3 annotate a namedtuple and return a tensor): the annotation is dropped, and
 TorchScript infers the return type. When scripting still fails and example inputs were given,
 the module is traced instead and the report says so.
+
+Calls to standard leaf modules (convs, linears, activations, pools) are written out as the
+functions their ``forward`` calls first (``fxmobile.script.inline_modules``): TorchScript then
+compiles one method instead of one type per submodule, and freezing has nothing to inline.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch
 from torch import fx
 
 from fxmobile.errors import ScriptingError
+from fxmobile.script.inline_modules import inline_leaf_modules
 
 
 def quietly_script(module: torch.nn.Module) -> torch.jit.ScriptModule:
@@ -50,6 +55,7 @@ def to_torchscript(
     gm: fx.GraphModule, example_inputs: tuple[Any, ...] | None
 ) -> tuple[torch.jit.ScriptModule, str | None]:
     """A ``ScriptModule`` for ``gm``, and a note when it had to be traced instead of scripted."""
+    gm, _ = inline_leaf_modules(gm)
     _drop_return_annotation(gm)
     try:
         return quietly_script(gm), None

@@ -1,0 +1,165 @@
+"""Inline the calls to standard leaf modules before scripting, so TorchScript compiles one method.
+
+``self.conv(x)`` on an ``nn.Conv2d`` -> ``F.conv2d(x, self.conv_weight, self.conv_bias,
+stride, padding, dilation, groups)``, with the tensors moved to the root module. Each rewrite
+is the module's own ``forward`` written out (same function, same arguments, the module's
+hyperparameters as constants), so the scripted graph computes exactly what the module call
+did, and after freezing it is the same graph.
+
+Why: ``torch.jit.script`` compiles a ScriptModule type, and runs ``forward``'s frontend, for
+every submodule, and ``torch.jit.freeze`` then inlines them all again. On resnet50 that is
+two thirds of scripting and freezing (0.33 s against 0.12 s with the calls inlined, one
+thread). Only the exact types below are inlined (a subclass may override ``forward``); a conv
+with a padding mode other than zeros, a transposed conv given ``output_size``, a pool that
+returns indices, BatchNorm (the TorchScript stage folds it into its conv by module) and every
+other module stay calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+
+@dataclass(frozen=True)
+class Attr:
+    """An argument that is one of the module's tensors (None stays None), moved to the root."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Call:
+    """What a module call computes: ``fn(input, *args, **kwargs)``."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+_CONV = {nn.Conv1d: F.conv1d, nn.Conv2d: F.conv2d, nn.Conv3d: F.conv3d}
+_CONV_TRANSPOSE = {
+    nn.ConvTranspose1d: F.conv_transpose1d,
+    nn.ConvTranspose2d: F.conv_transpose2d,
+    nn.ConvTranspose3d: F.conv_transpose3d,
+}
+_MAX_POOL = {nn.MaxPool1d: F.max_pool1d, nn.MaxPool2d: F.max_pool2d, nn.MaxPool3d: F.max_pool3d}
+_WEIGHT_BIAS = (Attr("weight"), Attr("bias"))
+
+
+def _conv(m: Any) -> Call | None:
+    if m.padding_mode != "zeros":  # forward pads with F.pad first
+        return None
+    return Call(_CONV[type(m)], (*_WEIGHT_BIAS, m.stride, m.padding, m.dilation, m.groups))
+
+
+def _conv_transpose(m: Any) -> Call | None:
+    if m.padding_mode != "zeros":
+        return None
+    args = (*_WEIGHT_BIAS, m.stride, m.padding, m.output_padding, m.groups, m.dilation)
+    return Call(_CONV_TRANSPOSE[type(m)], args)
+
+
+def _max_pool(m: Any) -> Call | None:
+    if m.return_indices:
+        return None
+    return Call(_MAX_POOL[type(m)], (m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode))
+
+
+def _avg_pool_2d(m: Any) -> Call:
+    args = (m.kernel_size, m.stride, m.padding, m.ceil_mode)
+    return Call(F.avg_pool2d, (*args, m.count_include_pad, m.divisor_override))
+
+
+# exact module type -> what its forward calls (None keeps the call)
+INLINERS: dict[type[nn.Module], Callable[[Any], Call | None]] = {
+    **dict.fromkeys(_CONV, _conv),
+    **dict.fromkeys(_CONV_TRANSPOSE, _conv_transpose),
+    **dict.fromkeys(_MAX_POOL, _max_pool),
+    nn.Linear: lambda m: Call(F.linear, _WEIGHT_BIAS),
+    nn.ReLU: lambda m: Call(F.relu, (m.inplace,)),
+    # ReLU6 is a Hardtanh with fixed bounds: its forward is Hardtanh's
+    nn.ReLU6: lambda m: Call(F.hardtanh, (m.min_val, m.max_val, m.inplace)),
+    nn.Hardtanh: lambda m: Call(F.hardtanh, (m.min_val, m.max_val, m.inplace)),
+    nn.Hardswish: lambda m: Call(F.hardswish, (m.inplace,)),
+    nn.Hardsigmoid: lambda m: Call(F.hardsigmoid, (m.inplace,)),
+    nn.SiLU: lambda m: Call(F.silu, (m.inplace,)),
+    nn.Sigmoid: lambda m: Call(torch.sigmoid),
+    nn.Tanh: lambda m: Call(torch.tanh),
+    nn.GELU: lambda m: Call(F.gelu, kwargs={"approximate": m.approximate}),
+    nn.AdaptiveAvgPool1d: lambda m: Call(F.adaptive_avg_pool1d, (m.output_size,)),
+    nn.AdaptiveAvgPool2d: lambda m: Call(F.adaptive_avg_pool2d, (m.output_size,)),
+    nn.AdaptiveAvgPool3d: lambda m: Call(F.adaptive_avg_pool3d, (m.output_size,)),
+    nn.AvgPool2d: _avg_pool_2d,
+    nn.Flatten: lambda m: Call(torch.flatten, (m.start_dim, m.end_dim)),
+}
+
+
+def inline_leaf_modules(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
+    """A new graph module with the calls to ``INLINERS``' types inlined, and how many were.
+
+    ``gm`` is left as it was; the new module holds the same tensor objects (no copies) and
+    only the submodules and attributes its graph still uses.
+    """
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    owners: dict[str, Any] = {}  # what each call_module / get_attr target of ``graph`` names
+    hoisted: dict[int, str] = {}  # id(tensor) -> its attribute on the new root
+    inlined = 0
+
+    def hoist(module_path: str, name: str) -> fx.Node | None:
+        tensor = getattr(gm.get_submodule(module_path), name)
+        if tensor is None:
+            return None
+        if id(tensor) not in hoisted:
+            base = attr = f"{module_path}_{name}".replace(".", "_")
+            n = 0
+            while hasattr(gm, attr) or attr in owners:
+                n += 1
+                attr = f"{base}_{n}"
+            hoisted[id(tensor)] = attr
+            owners[attr] = tensor
+        return graph.get_attr(hoisted[id(tensor)])
+
+    for node in gm.graph.nodes:
+        call = _inline_call(gm, node)
+        if call is None:
+            env[node] = graph.node_copy(node, lambda n: env[n])
+            if node.op in ("call_module", "get_attr"):
+                owners[str(node.target)] = _resolve(gm, str(node.target))
+            continue
+        path = str(node.target)
+        args = [hoist(path, a.name) if isinstance(a, Attr) else a for a in call.args]
+        source = env[node.args[0]]
+        env[node] = graph.call_function(call.fn, (source, *args), dict(call.kwargs))
+        env[node].meta = dict(node.meta)
+        inlined += 1
+    if not inlined:
+        return gm, 0
+    new = fx.GraphModule(owners, graph, class_name=type(gm).__name__)
+    new.meta = dict(gm.meta)
+    new.training = gm.training  # the root only: the kept submodules are gm's own objects
+    return new, inlined
+
+
+def _inline_call(gm: fx.GraphModule, node: fx.Node) -> Call | None:
+    """What ``node``'s module call computes, or None to keep the call."""
+    if node.op != "call_module" or len(node.args) != 1 or node.kwargs:
+        return None  # a transposed conv's output_size, or anything but one input
+    if not isinstance(node.args[0], fx.Node):
+        return None
+    module = gm.get_submodule(str(node.target))
+    inliner = INLINERS.get(type(module))
+    return None if inliner is None else inliner(module)
+
+
+def _resolve(gm: fx.GraphModule, target: str) -> Any:
+    owner: Any = gm
+    for part in target.split("."):
+        owner = getattr(owner, part)
+    return owner

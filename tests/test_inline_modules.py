@@ -1,0 +1,160 @@
+"""Inlining standard leaf-module calls before scripting (``fxmobile.script.inline_modules``)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torchvision
+from torch import fx, nn
+
+from fxmobile.script.inline_modules import INLINERS, inline_leaf_modules
+from fxmobile.script.scripting import quietly_script
+from tests.helpers import count_calls
+
+
+def _freeze(module: nn.Module) -> torch.jit.ScriptModule:
+    return torch.jit.freeze(quietly_script(module).eval())
+
+
+# every type INLINERS knows, in a configuration its forward takes without a skip
+EVERY_KIND = {
+    nn.Conv1d: (nn.Conv1d(3, 4, 3, stride=2, padding=1, dilation=1, groups=1), (2, 3, 9)),
+    nn.Conv2d: (nn.Conv2d(4, 6, 3, padding="same", dilation=2, groups=2), (2, 4, 7, 7)),
+    nn.Conv3d: (nn.Conv3d(2, 4, 2, bias=False), (1, 2, 4, 4, 4)),
+    nn.ConvTranspose1d: (nn.ConvTranspose1d(3, 2, 3, stride=2, output_padding=1), (2, 3, 5)),
+    nn.ConvTranspose2d: (
+        nn.ConvTranspose2d(4, 4, 3, stride=2, padding=1, groups=2, dilation=2),
+        (1, 4, 5, 5),
+    ),
+    nn.ConvTranspose3d: (nn.ConvTranspose3d(2, 2, 2, bias=False), (1, 2, 3, 3, 3)),
+    nn.MaxPool1d: (nn.MaxPool1d(3, 2, padding=1, ceil_mode=True), (2, 3, 10)),
+    nn.MaxPool2d: (nn.MaxPool2d(3, 2, padding=1, dilation=2), (2, 3, 9, 9)),
+    nn.MaxPool3d: (nn.MaxPool3d(2), (1, 2, 4, 4, 4)),
+    nn.Linear: (nn.Linear(5, 3), (2, 5)),
+    nn.ReLU: (nn.ReLU(), (2, 5)),
+    nn.ReLU6: (nn.ReLU6(), (2, 5)),
+    nn.Hardtanh: (nn.Hardtanh(-0.3, 0.2), (2, 5)),
+    nn.Hardswish: (nn.Hardswish(), (2, 5)),
+    nn.Hardsigmoid: (nn.Hardsigmoid(), (2, 5)),
+    nn.SiLU: (nn.SiLU(), (2, 5)),
+    nn.Sigmoid: (nn.Sigmoid(), (2, 5)),
+    nn.Tanh: (nn.Tanh(), (2, 5)),
+    nn.GELU: (nn.GELU(approximate="tanh"), (2, 5)),
+    nn.AdaptiveAvgPool1d: (nn.AdaptiveAvgPool1d(3), (2, 3, 7)),
+    nn.AdaptiveAvgPool2d: (nn.AdaptiveAvgPool2d((2, 3)), (2, 3, 7, 8)),
+    nn.AdaptiveAvgPool3d: (nn.AdaptiveAvgPool3d(2), (1, 2, 5, 4, 4)),
+    nn.AvgPool2d: (nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False), (2, 3, 8, 8)),
+    nn.Flatten: (nn.Flatten(1, 2), (2, 3, 4, 5)),
+}
+
+
+def test_every_inlined_kind_is_covered_here() -> None:
+    assert set(EVERY_KIND) == set(INLINERS)
+
+
+@pytest.mark.parametrize("kind", list(EVERY_KIND), ids=lambda k: k.__name__)
+def test_inlined_call_computes_what_the_module_did_bit_for_bit(kind: type[nn.Module]) -> None:
+    module, shape = EVERY_KIND[kind]
+    gm = fx.symbolic_trace(nn.Sequential(copy.deepcopy(module)).eval())
+    inlined, count = inline_leaf_modules(gm)
+    assert count == 1
+    assert not [n for n in inlined.graph.nodes if n.op == "call_module"]
+    assert not list(inlined.children()), "the inlined module is still held"
+    x = torch.randn(shape)
+    with torch.no_grad():
+        expected = gm(x)
+        assert torch.equal(inlined(x), expected)
+        assert torch.equal(_freeze(inlined)(x), expected)
+
+
+def test_in_place_activation_stays_in_place() -> None:
+    gm = fx.symbolic_trace(nn.Sequential(nn.ReLU(inplace=True)))
+    inlined, _ = inline_leaf_modules(gm)
+    x = torch.randn(4) - 0.5
+    out = inlined(x)
+    assert out is x and bool((x >= 0).all())
+
+
+class Mixed(nn.Module):
+    """What must stay a module call, next to calls that are inlined."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 3, padding=1)
+        self.reflect = nn.Conv2d(3, 3, 3, padding=1, padding_mode="reflect")
+        self.bn = nn.BatchNorm2d(3)
+        self.up = nn.ConvTranspose2d(3, 3, 3, stride=2)
+        self.pool = nn.MaxPool2d(2, return_indices=True)
+        self.custom = Conv2dSubclass(3, 3, 1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = self.bn(self.reflect(self.conv(x)))
+        z = self.up(y, output_size=[14, 14])
+        pooled, indices = self.pool(y)
+        return self.custom(self.conv(y)), z, pooled, indices
+
+
+class Conv2dSubclass(nn.Conv2d):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * 2
+
+
+class LeafSubclassTracer(fx.Tracer):
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return isinstance(m, Conv2dSubclass) or super().is_leaf_module(m, qualname)
+
+
+def test_what_a_function_cannot_say_stays_a_module_call() -> None:
+    model = Mixed().eval()
+    gm = fx.GraphModule(model, LeafSubclassTracer().trace(model))
+    text = gm.code
+    inlined, count = inline_leaf_modules(gm)
+    assert count == 2, "only the two calls to self.conv"
+    kept = {str(n.target) for n in inlined.graph.nodes if n.op == "call_module"}
+    assert kept == {"reflect", "bn", "up", "pool", "custom"}
+    assert count_calls(inlined, F.conv2d) == 2
+    gets = [n for n in inlined.graph.nodes if n.op == "get_attr"]
+    assert len(gets) == 4 and len({n.target for n in gets}) == 2, "shared tensors hoisted once"
+    assert gm.code == text and hasattr(gm, "conv"), "the input graph module was changed"
+    x = torch.randn(1, 3, 6, 6)
+    with torch.no_grad():
+        for got, expected in zip(inlined(x), model(x), strict=True):
+            assert torch.equal(got, expected)
+
+
+def test_nothing_to_inline_returns_the_module_itself() -> None:
+    gm = fx.symbolic_trace(nn.Sequential(nn.BatchNorm2d(3)))
+    assert inline_leaf_modules(gm) == (gm, 0)
+
+
+def test_hoisted_names_do_not_shadow_root_attributes() -> None:
+    class Clash(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+            self.lin_weight = nn.Parameter(torch.ones(2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) + self.lin_weight
+
+    model = Clash().eval()
+    inlined, _ = inline_leaf_modules(fx.symbolic_trace(model))
+    x = torch.randn(3, 2)
+    with torch.no_grad():
+        assert torch.equal(inlined(x), model(x))
+
+
+def test_resnet_freezes_to_the_same_graph_as_with_module_calls() -> None:
+    model = torchvision.models.resnet18().eval()
+    gm = fx.symbolic_trace(model)
+    inlined, count = inline_leaf_modules(gm)
+    assert count == 20 + 17 + 1 + 1 + 1, "convs, relus, maxpool, avgpool, fc"
+    with_modules, without = _freeze(gm), _freeze(inlined)
+    kinds = [n.kind() for n in with_modules.graph.nodes()]
+    assert kinds == [n.kind() for n in without.graph.nodes()]
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(without(x), with_modules(x))
