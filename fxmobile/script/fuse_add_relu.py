@@ -16,21 +16,28 @@ import torch
 
 from fxmobile.options import MobileOptimizerType
 from fxmobile.script.aliasing import root, written_roots
-from fxmobile.script.graph_utils import iter_nodes, method_graphs
-from fxmobile.script.infra import CountingScriptPass, ScriptContext
+from fxmobile.script.graph_utils import count_kinds, iter_nodes, method_graphs
+from fxmobile.script.infra import ScriptContext, ScriptPass, ScriptPassResult
 from fxmobile.script.jit_passes import jit
 
+ALIASED = "method left alone: an add reads memory that another op writes in place"
+_FUSED = {"aten::_add_relu", "aten::_add_relu_"}
 
-class FuseAddRelu(CountingScriptPass):
+
+class FuseAddRelu(ScriptPass):
     optimization = MobileOptimizerType.FUSE_ADD_RELU
     summary = "add (+ relu / relu_) -> aten::_add_relu"
-    created = frozenset({"aten::_add_relu", "aten::_add_relu_"})
 
-    def rewrite(self, module: torch.jit.ScriptModule, ctx: ScriptContext) -> torch.jit.ScriptModule:
+    def call(self, module: torch.jit.ScriptModule, ctx: ScriptContext) -> ScriptPassResult:
+        before = count_kinds(module, ctx.methods, _FUSED)
+        declined = 0
         for graph in method_graphs(module, ctx.methods):
-            if not _add_input_written(graph):
+            if _add_input_written(graph):
+                declined += 1
+            else:
                 jit._jit_pass_fuse_add_relu(graph)
-        return module
+        fused = count_kinds(module, ctx.methods, _FUSED) - before
+        return ScriptPassResult(module, fused, {ALIASED: declined} if declined else {})
 
 
 def _add_input_written(graph: torch._C.Graph) -> bool:
