@@ -125,6 +125,20 @@ def test_what_a_function_cannot_say_stays_a_module_call() -> None:
             assert torch.equal(got, expected)
 
 
+def test_calls_with_hooks_or_an_own_forward_stay_module_calls() -> None:
+    hooked, patched, plain = nn.Linear(3, 3), nn.Linear(3, 3), nn.Linear(3, 3)
+    hooked.register_forward_hook(lambda module, args, out: out * 2)
+    patched.forward = lambda x: x  # type: ignore[method-assign]
+    model = nn.Sequential(hooked, patched, plain).eval()
+    gm = fx.symbolic_trace(model)
+    inlined, count = inline_leaf_modules(gm)
+    assert count == 1
+    assert {str(n.target) for n in inlined.graph.nodes if n.op == "call_module"} == {"0", "1"}
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        assert torch.equal(inlined(x), model(x))
+
+
 def test_nothing_to_inline_returns_the_module_itself() -> None:
     gm = fx.symbolic_trace(nn.Sequential(nn.BatchNorm2d(3)))
     assert inline_leaf_modules(gm) == (gm, 0)

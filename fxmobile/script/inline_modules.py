@@ -9,7 +9,8 @@ did, and after freezing it is the same graph.
 Why: ``torch.jit.script`` compiles a ScriptModule type, and runs ``forward``'s frontend, for
 every submodule, and ``torch.jit.freeze`` then inlines them all again. On resnet50 that is
 two thirds of scripting and freezing (0.33 s against 0.12 s with the calls inlined, one
-thread). Only the exact types below are inlined (a subclass may override ``forward``); a conv
+thread). Only the exact types below are inlined (a subclass may override ``forward``), and
+only without hooks or an instance-level ``forward``; a conv
 with a padding mode other than zeros, a transposed conv given ``output_size``, a pool that
 returns indices, BatchNorm (the TorchScript stage folds it into its conv by module) and every
 other module stay calls.
@@ -155,7 +156,16 @@ def _inline_call(gm: fx.GraphModule, node: fx.Node) -> Call | None:
         return None
     module = gm.get_submodule(str(node.target))
     inliner = INLINERS.get(type(module))
-    return None if inliner is None else inliner(module)
+    if inliner is None or _customized(module):
+        return None
+    return inliner(module)
+
+
+def _customized(module: nn.Module) -> bool:
+    """The call does more than the class's forward: hooks run around it (old-style weight
+    norm is a pre-hook), or the instance has a forward of its own."""
+    hooks = (module._forward_hooks, module._forward_pre_hooks)
+    return any(hooks) or "forward" in vars(module)
 
 
 def _resolve(gm: fx.GraphModule, target: str) -> Any:
