@@ -359,9 +359,13 @@ DROPOUT_TRAINING_ARG: dict[Any, tuple[int, str, bool]] = {
 }
 
 
-def _is_eval_dropout(node: fx.Node) -> bool:
+def _is_identity_dropout(node: fx.Node) -> bool:
+    """A functional dropout that returns its input: ``training=False``, or ``p=0``."""
     if node.op != "call_function" or node.target not in DROPOUT_TRAINING_ARG:
         return False
+    p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
+    if p == 0:
+        return True
     position, keyword, default = DROPOUT_TRAINING_ARG[node.target]
     if len(node.args) > position:
         return node.args[position] is False
@@ -510,8 +514,8 @@ def check_structure(
     if ran(report, "remove_dropout"):
         left = sum(count_modules(gm, kind) for kind in DROPOUT_MODULE_TYPES)
         assert left == 0, f"{left} dropout module call(s) left after remove_dropout"
-        left = sum(_is_eval_dropout(n) for n in gm.graph.nodes)
-        assert left == 0, f"{left} functional dropout(s) with training=False left"
+        left = sum(_is_identity_dropout(n) for n in gm.graph.nodes)
+        assert left == 0, f"{left} functional dropout(s) with training=False or p=0 left"
     running, batch_stats = batchnorm_sites(gm)
     bns = [b for b in blocks if b.kind is Kind.BATCHNORM]
     live = live_values(spec)
@@ -1057,6 +1061,56 @@ def test_regression_add_relu_fusion_leaves_a_constant_first_operand(dtype: torch
     assert result.report.record("fuse_add_relu").skips == {MIXED_DTYPES: 1}
     with torch.no_grad():
         assert torch.equal(result.module(x), model(x))
+
+
+class WriteThroughDropoutThatNeverDrops(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("c", torch.tensor(-0.7))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.relu(x) * self.c
+        torch.relu_(F.dropout(y, p=0.0))  # training=True, but p=0: the input itself
+        return torch.relu(y), y
+
+
+class DropoutThatNeverDropsOnTheInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.ConvTranspose2d(1, 1, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.up(torch.relu(F.relu(F.dropout(x, p=0.0), inplace=True)))
+
+
+@pytest.mark.skipif(not HAS_SCRIPT_STAGE, reason="fxmobile.optimize is not exported yet")
+@pytest.mark.parametrize(
+    "model, x",
+    [
+        (WriteThroughDropoutThatNeverDrops(), torch.tensor([[1.5]])),
+        (DropoutThatNeverDropsOnTheInput(), torch.randn(1, 1, 3, 6)[..., ::2]),
+    ],
+    ids=["write-to-an-intermediate", "write-to-a-strided-input"],
+)
+def test_regression_dropout_with_p_zero_keeps_the_write_through_it(
+    model: nn.Module, x: torch.Tensor
+) -> None:
+    """``F.dropout(y, p=0)`` returns ``y`` itself, in training mode too, so ``relu_`` on it
+    writes ``y``. It was kept (training=True), TorchScript's freezing then dropped the
+    ``relu_`` as dead code (its schema says dropout returns a fresh tensor), and channels-last
+    converted an input it did not see written (found by the 20,000-model profile: 2.5 off a
+    scale of 0, and 1.1 off 1.4)."""
+    model.eval()
+    result = fxmobile.optimize(model, example_inputs=x.clone(), backend="CPU")
+    fx_dropout = [r for r in result.report.passes if r.name == "remove_dropout"][0]
+    assert fx_dropout.stage is RecordStage.FX and fx_dropout.rewrites == 1
+    assert result.report.numerics_passed
+    expected_input, got_input = x.clone(), x.clone()
+    with torch.no_grad():
+        expected = leaves(model(expected_input))
+        for got, want in zip(leaves(result.module(got_input)), expected, strict=True):
+            torch.testing.assert_close(got, want)
+    assert torch.equal(got_input, expected_input), "the write to the input was lost"
 
 
 class WriteThroughFlattenOfConv(nn.Module):

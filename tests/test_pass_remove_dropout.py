@@ -1,4 +1,4 @@
-"""RemoveDropout: every dropout kind goes in eval; functional dropout only when training=False."""
+"""RemoveDropout: every dropout kind goes in eval; functional dropout when training=False or p=0."""
 
 from __future__ import annotations
 
@@ -75,6 +75,42 @@ def test_dropout_module_left_in_training_mode_is_kept() -> None:
     gm, rewrites, skips = _run(model)
     assert rewrites == 0 and count_modules(gm, nn.Dropout) == 1
     assert skips == {"dropout module in training mode": 1}
+
+
+class NeverDrops(nn.Module):
+    """Dropout with p=0 in training mode returns its input itself: the relu_ writes ``y``."""
+
+    def __init__(self, fn: object) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = x * 2
+        if self.fn in (torch.dropout, torch.feature_dropout):
+            dropped = self.fn(y, 0.0, True)  # type: ignore[operator]
+        elif self.fn in (torch.alpha_dropout, torch.feature_alpha_dropout):
+            dropped = self.fn(y, p=0, train=True)  # type: ignore[operator]
+        else:
+            dropped = self.fn(y, p=0.0, training=True)  # type: ignore[operator]
+        return torch.relu_(dropped), y
+
+
+@pytest.mark.parametrize("fn", list(DROPOUT_FUNCTIONS), ids=lambda f: f.__name__)
+def test_dropout_that_never_drops_is_removed_in_training_mode_too(fn: object) -> None:
+    model = NeverDrops(fn).eval()
+    gm, rewrites, _ = _run(model)
+    assert rewrites == 1 and count_calls(gm, fn) == 0
+    x = _input_for(fn)
+    with torch.no_grad():
+        for got, expected in zip(gm(x), model(x), strict=True):
+            assert torch.equal(got, expected)
+
+
+def test_dropout_module_with_p_zero_in_training_mode_is_removed() -> None:
+    model = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.0), nn.ReLU(inplace=True)).eval()
+    model[1].train()
+    gm, rewrites, skips = _run(model)
+    assert rewrites == 1 and count_modules(gm, nn.Dropout) == 0 and skips == {}
 
 
 def test_nothing_to_do_reports_unmodified() -> None:

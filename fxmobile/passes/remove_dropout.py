@@ -8,6 +8,13 @@ Every dropout module kind is covered (``Dropout``, ``Dropout1d/2d/3d``, ``AlphaD
 ``F.feature_alpha_dropout``, ``torch.dropout`` and friends). A functional call is removed only
 when its ``training`` argument is the constant False: ``F.dropout(x, p)`` defaults to
 ``training=True`` and really drops in eval mode too, so it is left alone and reported.
+
+    y = F.dropout(x, p=0, training=True)  ->  y = x     (any dropout with p == 0)
+
+With ``p == 0`` every dropout returns its input itself, in training mode too: an in-place op
+on ``y`` writes ``x``. TorchScript's schema says dropout returns a fresh tensor, so a dropout
+left in the graph made freezing drop ``relu_(y)`` as dead code and the write to ``x`` with it
+(found by the fuzzer); removed here, the write stays visible to every later pass.
 """
 
 from __future__ import annotations
@@ -53,9 +60,14 @@ def _training_arg(node: fx.Node, position: int, keyword: str, default: bool) -> 
     return node.kwargs.get(keyword, default)
 
 
+def _never_drops(p: Any) -> bool:
+    """``p`` is the constant 0 (every dropout function takes ``p`` second, default 0.5)."""
+    return isinstance(p, int | float) and not isinstance(p, bool) and p == 0
+
+
 class RemoveDropout(FxPass):
     optimization: ClassVar[MobileOptimizerType] = MobileOptimizerType.REMOVE_DROPOUT
-    summary: ClassVar[str] = "Dropout*(x) / F.dropout*(x, training=False) -> x"
+    summary: ClassVar[str] = "Dropout*(x) / F.dropout*(x, training=False) / p=0 -> x"
     keeps_shapes: ClassVar[bool] = True
 
     def call(self, gm: fx.GraphModule) -> PassResult:
@@ -65,11 +77,13 @@ class RemoveDropout(FxPass):
                 module = module_of(gm, node)
                 if not isinstance(module, DROPOUT_MODULES):
                     continue
-                if module.training:
+                if module.training and not _never_drops(module.p):
                     skips.add("dropout module in training mode")
                     continue
             elif node.op == "call_function" and node.target in DROPOUT_FUNCTIONS:
-                if _training_arg(node, *DROPOUT_FUNCTIONS[node.target]) is not False:
+                training = _training_arg(node, *DROPOUT_FUNCTIONS[node.target])
+                p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
+                if training is not False and not _never_drops(p):
                     skips.add("functional dropout with training not constant False")
                     continue
             else:
