@@ -642,22 +642,21 @@ def test_bound_tells_rounding_from_a_bug() -> None:
         assert_close_to_anchor(lost_bias, ref64, noise, torch.float32, "lost bias")
 
 
+def _unit_stride_conv(out_channels: int, kernel: tuple[int, int], **extra: Any) -> dict[str, Any]:
+    """Options of a stride-1, unpadded, ungrouped conv without bias, as the generator writes
+    them (``extra``: dilation, padding_mode, output_padding)."""
+    options = {"out_channels": out_channels, "kernel": kernel, "stride": (1, 1)}
+    options |= {"padding": (0, 0), "dilation": extra.pop("dilation", (1, 1)), "groups": 1}
+    return {**options, "bias": False, **extra}
+
+
 def batch_statistics_after_a_bn_chain() -> ModelSpec:
     """The program the long profile shrank to: a 1x1 conv, a chain of BNs on running
     statistics (the function form called twice with the same tensors), then a BN on batch
     statistics with a small eps."""
     x = Value(5, (3, 8), torch.float32)
     bn = {"eps": 0.1, "affine": "parameter"}
-    conv = {
-        "out_channels": 5,
-        "kernel": (1, 1),
-        "stride": (1, 1),
-        "padding": (0, 0),
-        "dilation": (1, 1),
-        "groups": 1,
-        "bias": False,
-        "padding_mode": "zeros",
-    }
+    conv = _unit_stride_conv(5, (1, 1), padding_mode="zeros")
     blocks = (
         Block(Kind.CONV, "module", 0, x, conv),
         Block(Kind.BATCHNORM, "function", 1, x, bn),
@@ -680,16 +679,7 @@ def batch_statistics_of_clamped_values() -> ModelSpec:
     x = Value(3, (5, 7), torch.float32)
     bn = {"eps": 0.1, "affine": False, "track_running_stats": True}
     relu = {"op": "relu", "inplace": False}
-    up = {
-        "out_channels": 1,
-        "kernel": (1, 1),
-        "stride": (1, 1),
-        "padding": (0, 0),
-        "dilation": (1, 1),
-        "groups": 1,
-        "bias": False,
-        "output_padding": (0, 0),
-    }
+    up = _unit_stride_conv(1, (1, 1), output_padding=(0, 0))
     blocks = (
         Block(Kind.BATCHNORM, "module", 0, x, bn),
         Block(Kind.ACTIVATION, "module", 1, x, relu),
@@ -707,16 +697,7 @@ def batch_statistics_of_a_clamp_in_place() -> ModelSpec:
     same BN module called at three sites."""
     x = Value(1, (3, 5), torch.float32)
     y = Value(2, (3, 9), torch.float32)
-    up = {
-        "out_channels": 2,
-        "kernel": (1, 3),
-        "stride": (1, 1),
-        "padding": (0, 0),
-        "dilation": (1, 2),
-        "groups": 1,
-        "bias": False,
-        "output_padding": (0, 0),
-    }
+    up = _unit_stride_conv(2, (1, 3), dilation=(1, 2), output_padding=(0, 0))
     bn = {"eps": 0.1, "affine": False, "track_running_stats": False}
     again = {**bn, "alias": False}
     clamp = {"op": "hardtanh", "inplace": True, "min": -0.75, "max": -0.7}
