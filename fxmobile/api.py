@@ -17,7 +17,13 @@ from fxmobile.options import BlocklistItem, normalize_blocklist
 from fxmobile.passes.manager import FxPassManager
 from fxmobile.passes.pipeline import fx_pipeline
 from fxmobile.report import Report
-from fxmobile.report.numerics import DEFAULT_TOLERANCE, as_input_tuple, compare_outputs, run_model
+from fxmobile.report.numerics import (
+    DEFAULT_TOLERANCE,
+    as_input_tuple,
+    clone_inputs,
+    compare_outputs,
+    run_model,
+)
 
 
 @dataclass
@@ -140,7 +146,7 @@ def check_input_writes(
     ]
     if not written:
         return
-    graph_inputs = pytree.tree_map(_clone, inputs)
+    graph_inputs = clone_inputs(inputs)
     with torch.no_grad():
         gm(*graph_inputs)
     graph_leaves = pytree.tree_leaves(graph_inputs)
@@ -163,17 +169,13 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.is_floating_point() and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)
 
 
-def _clone(x: Any) -> Any:
-    return x.clone() if isinstance(x, torch.Tensor) else x
-
-
 def _run_eager(
     gm: fx.GraphModule, eager: nn.Module, inputs: tuple[Any, ...], specialized: dict[str, Any]
 ) -> tuple[Any, tuple[Any, ...]]:
     """Eager's outputs on clones of ``inputs`` (a forward may write to them), and the clones
     as the call left them."""
     names = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
-    cloned = pytree.tree_map(_clone, inputs)
+    cloned = clone_inputs(inputs)
     try:
         args, kwargs = eager_arguments(eager, cloned, specialized)
         with torch.no_grad():

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from model_zoo_checks.results import ModelResult, Status
+from model_zoo_checks.results import ModelResult, Status, record_from_dict, record_to_dict
 
 VERSION = 1
 DEFAULT_PATH = Path(__file__).with_name("baseline.json")
@@ -105,16 +105,11 @@ class BaselineEntry:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["status"] = self.status.value
-        return data
+        return record_to_dict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BaselineEntry:
-        names = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in data.items() if k in names}
-        values["status"] = Status(values["status"])
-        return cls(**values)
+        return record_from_dict(cls, data)
 
 
 Baseline = dict[str, BaselineEntry]  # keyed by ModelResult.id: "resnet18/cpu"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 
 class Status(enum.StrEnum):
@@ -60,17 +61,30 @@ class ModelResult:
         return self.optimized_ms / self.eager_ms
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["status"] = self.status.value
-        data["latency_ratio"] = self.latency_ratio
-        return data
+        return {**record_to_dict(self), "latency_ratio": self.latency_ratio}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ModelResult:
-        names = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in data.items() if k in names}
-        values["status"] = Status(values["status"])
-        return cls(**values)
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelResult:
+        return record_from_dict(cls, data)
+
+
+R = TypeVar("R")
+
+
+def record_to_dict(record: Any) -> dict[str, Any]:
+    """A dataclass with a ``status`` as JSON-ready data (the status as its string)."""
+    data = dataclasses.asdict(record)
+    data["status"] = record.status.value
+    return data
+
+
+def record_from_dict(cls: type[R], data: Mapping[str, Any]) -> R:
+    """``cls`` back from ``record_to_dict`` data; keys that are not fields of ``cls`` (derived
+    values, or fields of another record kind) are ignored."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    values = {k: v for k, v in data.items() if k in names}
+    values["status"] = Status(values["status"])
+    return cls(**values)
 
 
 def first_line(exc: BaseException) -> str:

@@ -335,6 +335,20 @@ class RoundingJitter(TorchFunctionMode):
         return out
 
 
+def assert_acts_like_eager(
+    model: nn.Module, optimized: Callable[..., Any], x: torch.Tensor, *, exact: bool = False
+) -> None:
+    """On clones of ``x``, ``optimized`` returns what ``model`` returns (bit for bit when
+    ``exact``) and leaves its input as eager does (a write to it kept, none added)."""
+    expected_input, got_input = x.clone(), x.clone()
+    with torch.no_grad():
+        expected, got = leaves(model(expected_input)), leaves(optimized(got_input))
+    tolerance = {"rtol": 0.0, "atol": 0.0} if exact else {}
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, **tolerance)
+    assert torch.equal(got_input, expected_input), "the input after the call differs from eager's"
+
+
 # ----------------------------------------------------------------------------- structure
 
 DROPOUT_MODULE_TYPES = (
@@ -887,12 +901,7 @@ def test_regression_identity_arithmetic_before_in_place_op(model: nn.Module) -> 
     torch.manual_seed(0)
     x = torch.randn(2, 3, 4)
     gm = fxmobile.optimize_fx(model.eval(), x.clone()).graph_module
-    expected_input, got_input = x.clone(), x.clone()
-    with torch.no_grad():
-        expected, got = model(expected_input), gm(got_input)
-    for e, g in zip(expected, got, strict=True):
-        torch.testing.assert_close(g, e, rtol=0, atol=0)
-    assert torch.equal(got_input, expected_input), "the optimized model wrote to its input"
+    assert_acts_like_eager(model, gm, x, exact=True)
 
 
 class ReluInPlaceOnInput(nn.Module):
@@ -911,10 +920,7 @@ def test_regression_channels_last_keeps_the_write_to_the_input() -> None:
     model = ReluInPlaceOnInput().eval()
     x = torch.randn(1, 2, 3, 3)
     gm = fxmobile.optimize_fx(model, x.clone(), channels_last=True).graph_module
-    expected_input, got_input = x.clone(), x.clone()
-    with torch.no_grad():
-        torch.testing.assert_close(gm(got_input), model(expected_input))
-    assert torch.equal(got_input, expected_input), "the write to the input was lost"
+    assert_acts_like_eager(model, gm, x)
 
 
 class InPlaceThroughFlattenModule(nn.Module):
@@ -942,11 +948,7 @@ def test_regression_channels_last_sees_writes_through_view_modules() -> None:
     assert result.report.record("channels_last").skips == {
         "input is written in place by forward": 1
     }
-    expected_input, got_input = x.clone(), x.clone()
-    with torch.no_grad():
-        for e, g in zip(model(expected_input), result.graph_module(got_input), strict=True):
-            torch.testing.assert_close(g, e)
-    assert torch.equal(got_input, expected_input), "the write to the input was lost"
+    assert_acts_like_eager(model, result.graph_module, x)
 
 
 class InPlaceClampThenConv1d(nn.Module):
@@ -1025,10 +1027,7 @@ def test_regression_add_relu_fusion_is_not_moved_before_a_write_to_its_input() -
     result = fxmobile.optimize(model, example_inputs=x.clone(), backend="CPU")
     assert result.report.numerics_passed
     assert result.report.record("fuse_add_relu").skips == {ALIASED: 1}
-    expected_input, got_input = x.clone(), x.clone()
-    with torch.no_grad():
-        torch.testing.assert_close(result.module(got_input), model(expected_input))
-    assert torch.equal(got_input, expected_input)
+    assert_acts_like_eager(model, result.module, x)
 
 
 class ReadThenAddInPlaceThenRelu(nn.Module):
@@ -1050,12 +1049,7 @@ def test_regression_add_relu_fusion_is_not_moved_above_a_read_of_what_it_writes(
     result = fxmobile.optimize(model, example_inputs=x.clone(), backend="CPU")
     assert result.report.numerics_passed
     assert result.report.record("fuse_add_relu").skips == {READ_ELSEWHERE: 1}
-    expected_input, got_input = x.clone(), x.clone()
-    with torch.no_grad():
-        expected = model(expected_input)
-        for got, want in zip(result.module(got_input), expected, strict=True):
-            assert torch.equal(got, want)
-    assert torch.equal(got_input, expected_input)
+    assert_acts_like_eager(model, result.module, x, exact=True)
 
 
 class ReversedConstantAddThenRelu(nn.Module):
@@ -1123,12 +1117,7 @@ def test_regression_dropout_with_p_zero_keeps_the_write_through_it(
     fx_dropout = next(r for r in result.report.passes if r.name == "remove_dropout")
     assert fx_dropout.stage is RecordStage.FX and fx_dropout.rewrites == 1
     assert result.report.numerics_passed
-    expected_input, got_input = x.clone(), x.clone()
-    with torch.no_grad():
-        expected = leaves(model(expected_input))
-        for got, want in zip(leaves(result.module(got_input)), expected, strict=True):
-            torch.testing.assert_close(got, want)
-    assert torch.equal(got_input, expected_input), "the write to the input was lost"
+    assert_acts_like_eager(model, result.module, x)
 
 
 class WriteThroughFlattenOfConv(nn.Module):

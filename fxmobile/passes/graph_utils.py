@@ -6,6 +6,7 @@ Everything here matches on real targets (module types, function objects), never 
 from __future__ import annotations
 
 import operator
+from collections.abc import Container
 from typing import Any
 
 import torch
@@ -96,11 +97,12 @@ def replace_node(node: fx.Node, value: fx.Node) -> None:
     node.graph.erase_node(node)
 
 
-def fresh_attr_name(gm: fx.GraphModule, base: str) -> str:
-    """An attribute name on ``gm`` derived from ``base`` that is not taken yet."""
+def fresh_attr_name(gm: fx.GraphModule, base: str, taken: Container[str] = frozenset()) -> str:
+    """An attribute name on ``gm`` derived from ``base`` that is not taken yet (on ``gm``, nor
+    in ``taken``)."""
     base = base.replace(".", "_")
     name, i = base, 0
-    while hasattr(gm, name):
+    while hasattr(gm, name) or name in taken:
         i += 1
         name = f"{base}_{i}"
     return name

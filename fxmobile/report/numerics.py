@@ -74,10 +74,15 @@ def compare_outputs(
     return checks
 
 
+def clone_inputs(inputs: Any) -> Any:
+    """``inputs`` with every tensor in it cloned, for a call that may write to them."""
+    return pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, inputs)
+
+
 def run_model(
     model: Callable[..., Any], inputs: tuple[Any, ...], kwargs: dict[str, Any] | None = None
 ) -> Any:
     """Call ``model`` under ``no_grad`` on clones of ``inputs`` (a forward may write to them)."""
-    cloned = pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, inputs)
+    cloned = clone_inputs(inputs)
     with torch.no_grad():
         return model(*cloned, **(kwargs or {}))

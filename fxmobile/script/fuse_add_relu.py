@@ -73,11 +73,14 @@ def why_not_fuse(graph: torch._C.Graph) -> str | None:
         others = written - {own_write(node)}
         return any(root(v) in others for v in list(node.inputs())[:2])
 
+    readers: dict[torch._C.Value, list[torch._C.Node]] = {}  # root -> nodes reading it
+    for other in nodes:
+        for v in other.inputs():
+            readers.setdefault(root(v), []).append(other)
+
     def read_elsewhere(node: torch._C.Node) -> bool:
         own = own_write(node)
-        return own is not None and any(
-            other is not node and any(root(v) == own for v in other.inputs()) for other in nodes
-        )
+        return own is not None and any(other is not node for other in readers.get(own, []))
 
     for check, reason in (
         (mixed, MIXED_DTYPES),

@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from fxmobile.passes.graph_utils import attr_of, fresh_attr_name, module_of
+
 
 @dataclass(frozen=True)
 class Attr:
@@ -118,11 +120,7 @@ def inline_leaf_modules(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
         if tensor is None:
             return None
         if id(tensor) not in hoisted:
-            base = attr = f"{module_path}_{name}".replace(".", "_")
-            n = 0
-            while hasattr(gm, attr) or attr in owners:
-                n += 1
-                attr = f"{base}_{n}"
+            attr = fresh_attr_name(gm, f"{module_path}.{name}", taken=owners)
             hoisted[id(tensor)] = attr
             owners[attr] = tensor
         return graph.get_attr(hoisted[id(tensor)])
@@ -131,8 +129,10 @@ def inline_leaf_modules(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
         call = _inline_call(gm, node)
         if call is None:
             env[node] = graph.node_copy(node, lambda n: env[n])
-            if node.op in ("call_module", "get_attr"):
-                owners[str(node.target)] = _resolve(gm, str(node.target))
+            if node.op == "call_module":
+                owners[str(node.target)] = module_of(gm, node)
+            elif node.op == "get_attr":
+                owners[str(node.target)] = attr_of(gm, node)
             continue
         path = str(node.target)
         args = [hoist(path, a.name) if isinstance(a, Attr) else a for a in call.args]
@@ -154,9 +154,9 @@ def _inline_call(gm: fx.GraphModule, node: fx.Node) -> Call | None:
         return None  # a transposed conv's output_size, or anything but one input
     if not isinstance(node.args[0], fx.Node):
         return None
-    module = gm.get_submodule(str(node.target))
-    inliner = INLINERS.get(type(module))
-    if inliner is None or _customized(module):
+    module = module_of(gm, node)
+    inliner = None if module is None else INLINERS.get(type(module))
+    if module is None or inliner is None or _customized(module):
         return None
     return inliner(module)
 
@@ -166,10 +166,3 @@ def _customized(module: nn.Module) -> bool:
     norm is a pre-hook), or the instance has a forward of its own."""
     hooks = (module._forward_hooks, module._forward_pre_hooks)
     return any(hooks) or "forward" in vars(module)
-
-
-def _resolve(gm: fx.GraphModule, target: str) -> Any:
-    owner: Any = gm
-    for part in target.split("."):
-        owner = getattr(owner, part)
-    return owner
