@@ -2,18 +2,18 @@
 
 ``self.conv(x)`` on an ``nn.Conv2d`` -> ``F.conv2d(x, self.conv_weight, self.conv_bias,
 stride, padding, dilation, groups)``, with the tensors moved to the root module. Each rewrite
-is the module's own ``forward`` written out (same function, same arguments, the module's
-hyperparameters as constants), so the scripted graph computes exactly what the module call
-did, and after freezing it is the same graph.
+is the module's own ``forward`` written out down to the op it ends in, with the module's
+hyperparameters as constants (``nn.ReLU(inplace=True)`` -> ``torch.relu_``: the branch the
+functional form would take, so the graph before freezing has no untaken one), so the scripted
+graph computes exactly what the module call did, and after freezing it is the same graph.
 
 Why: ``torch.jit.script`` compiles a ScriptModule type, and runs ``forward``'s frontend, for
 every submodule, and ``torch.jit.freeze`` then inlines them all again. On resnet50 that is
 two thirds of scripting and freezing (0.33 s against 0.12 s with the calls inlined, one
 thread). Only the exact types below are inlined (a subclass may override ``forward``), and
-only without hooks or an instance-level ``forward``; a conv
-with a padding mode other than zeros, a transposed conv given ``output_size``, a pool that
-returns indices, BatchNorm (the TorchScript stage folds it into its conv by module) and every
-other module stay calls.
+only without hooks or an instance-level ``forward``; a conv with a padding mode other than
+zeros, a transposed conv given ``output_size``, a pool that returns indices, BatchNorm (the
+TorchScript stage folds it into its conv by module) and every other module stay calls.
 """
 
 from __future__ import annotations
@@ -51,7 +51,13 @@ _CONV_TRANSPOSE = {
     nn.ConvTranspose2d: F.conv_transpose2d,
     nn.ConvTranspose3d: F.conv_transpose3d,
 }
-_MAX_POOL = {nn.MaxPool1d: F.max_pool1d, nn.MaxPool2d: F.max_pool2d, nn.MaxPool3d: F.max_pool3d}
+# the ATen ops F.max_pool*d end in when no indices are asked for (stride is never None here:
+# the modules default it to the kernel size)
+_MAX_POOL = {
+    nn.MaxPool1d: torch.max_pool1d,
+    nn.MaxPool2d: torch.max_pool2d,
+    nn.MaxPool3d: torch.max_pool3d,
+}
 _WEIGHT_BIAS = (Attr("weight"), Attr("bias"))
 
 
@@ -79,27 +85,40 @@ def _avg_pool_2d(m: Any) -> Call:
     return Call(F.avg_pool2d, (*args, m.count_include_pad, m.divisor_override))
 
 
-# exact module type -> what its forward calls (None keeps the call)
+# The functional activations branch on ``inplace`` (F.hardtanh also checks its bounds, which
+# the module's constructor already did): the ATen op chosen here is what the branch runs, and
+# the scripted graph holds no untaken branch before freezing.
+_OUT_OF_PLACE_AND_IN_PLACE = {
+    nn.ReLU: (torch.relu, torch.relu_),
+    nn.ReLU6: (torch._C._nn.hardtanh, torch._C._nn.hardtanh_),  # a Hardtanh(0, 6)
+    nn.Hardtanh: (torch._C._nn.hardtanh, torch._C._nn.hardtanh_),
+    nn.Hardswish: (torch._C._nn.hardswish, torch._C._nn.hardswish_),
+    nn.Hardsigmoid: (torch._C._nn.hardsigmoid, torch._C._nn.hardsigmoid_),
+    nn.SiLU: (torch._C._nn.silu, torch._C._nn.silu_),
+}
+
+
+def _activation(m: Any) -> Call:
+    fn = _OUT_OF_PLACE_AND_IN_PLACE[type(m)][bool(m.inplace)]
+    bounds = (m.min_val, m.max_val) if isinstance(m, nn.Hardtanh) else ()
+    return Call(fn, bounds)
+
+
+# exact module type -> what its forward computes (None keeps the call)
 INLINERS: dict[type[nn.Module], Callable[[Any], Call | None]] = {
     **dict.fromkeys(_CONV, _conv),
     **dict.fromkeys(_CONV_TRANSPOSE, _conv_transpose),
     **dict.fromkeys(_MAX_POOL, _max_pool),
+    **dict.fromkeys(_OUT_OF_PLACE_AND_IN_PLACE, _activation),
     nn.Linear: lambda m: Call(F.linear, _WEIGHT_BIAS),
-    nn.ReLU: lambda m: Call(F.relu, (m.inplace,)),
-    # ReLU6 is a Hardtanh with fixed bounds: its forward is Hardtanh's
-    nn.ReLU6: lambda m: Call(F.hardtanh, (m.min_val, m.max_val, m.inplace)),
-    nn.Hardtanh: lambda m: Call(F.hardtanh, (m.min_val, m.max_val, m.inplace)),
-    nn.Hardswish: lambda m: Call(F.hardswish, (m.inplace,)),
-    nn.Hardsigmoid: lambda m: Call(F.hardsigmoid, (m.inplace,)),
-    nn.SiLU: lambda m: Call(F.silu, (m.inplace,)),
     nn.Sigmoid: lambda m: Call(torch.sigmoid),
     nn.Tanh: lambda m: Call(torch.tanh),
     nn.GELU: lambda m: Call(F.gelu, kwargs={"approximate": m.approximate}),
+    nn.AvgPool2d: _avg_pool_2d,
+    nn.Flatten: lambda m: Call(torch.flatten, (m.start_dim, m.end_dim)),
     nn.AdaptiveAvgPool1d: lambda m: Call(F.adaptive_avg_pool1d, (m.output_size,)),
     nn.AdaptiveAvgPool2d: lambda m: Call(F.adaptive_avg_pool2d, (m.output_size,)),
     nn.AdaptiveAvgPool3d: lambda m: Call(F.adaptive_avg_pool3d, (m.output_size,)),
-    nn.AvgPool2d: _avg_pool_2d,
-    nn.Flatten: lambda m: Call(torch.flatten, (m.start_dim, m.end_dim)),
 }
 
 
