@@ -9,8 +9,8 @@ candidate runs it without, to show what the checks and shape propagation cost.
 
 The breakdown says where fxmobile's time goes. fxmobile's own report gives each pass's
 seconds; the stages around the passes (tracing, scripting, the checks, the lite-interpreter
-size and the lints) are timed from outside, by wrapping the functions ``fxmobile.mobile`` and
-``fxmobile.api`` call for the duration of the fxmobile runs only. ``--profile`` then runs one
+size and the lints) are timed from outside, by wrapping the functions ``fxmobile.api``
+calls for the duration of the fxmobile runs only. ``--profile`` then runs one
 more ``fxmobile.optimize`` under cProfile and lists the top cumulative entries.
 
 TorchScript caches what it compiled per module type, so the warm-up run makes later scripting
@@ -36,7 +36,6 @@ import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -45,11 +44,8 @@ from tabulate import tabulate
 from torch import nn
 
 import fxmobile
-from fxmobile.report.timing import interleaved_medians
-
-# model_zoo_checks is a folder of the repository, not part of the installed package.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from model_zoo_checks.zoo import randomize_statistics
+from fxmobile.timing import interleaved_medians
+from fxmobile.verify import randomize_batchnorm_statistics
 
 INPUT_SHAPE = (1, 3, 224, 224)
 # fxmobile.optimize without example_inputs: no numerical checks and no passes that need shapes,
@@ -57,27 +53,21 @@ INPUT_SHAPE = (1, 3, 224, 224)
 NO_INPUTS = "fxmobile.optimize, no example_inputs"
 
 # (module, attribute, label): the steps of fxmobile.optimize timed from outside, in call order;
-# indented labels run inside the unindented one above them. For a ScriptModule, ``run_model``
-# also runs the reference, whose time is subtracted from it (see ``NET_OF``); for an eager
-# model the FX stage's eager run is the reference.
+# indented labels run inside the unindented one above them. The eager reference and the check
+# run are verification: fxmobile's report counts them apart (optimize_seconds, check_seconds).
 STAGES = (
-    ("fxmobile.mobile", "run_fx_stage", "FX stage (run_fx_stage)"),
+    ("fxmobile.api", "_fx_stage", "FX stage"),
     ("fxmobile.api", "capture", "  capture: copy + symbolic trace"),
-    ("fxmobile.api", "_run_eager", "  eager reference run"),
-    ("fxmobile.passes.manager", "FxPassManager.run", "  FX passes (manager)"),
-    ("fxmobile.mobile", "to_torchscript", "torch.jit.script of the graph module"),
-    ("fxmobile.mobile", "clone_script_module", "clone_script_module"),
-    ("fxmobile.mobile", "op_histogram", "op histograms"),
-    ("fxmobile.script.manager", "ScriptPassManager.run", "script passes (manager)"),
-    ("fxmobile.mobile", "unfused_ops", "unfused op count"),
-    ("fxmobile.mobile", "lite_interpreter_bytes", "lite-interpreter bytes (file size)"),
-    ("fxmobile.mobile", "generate_mobile_module_lints", "lints"),
-    ("fxmobile.mobile", "_reference_outputs", "eager reference run (script stage)"),
-    ("fxmobile.mobile", "run_model", "optimized module run (check)"),
+    ("fxmobile.api", "reference_outputs", "  eager reference run (check)"),
+    ("fxmobile.api", "to_torchscript", "torch.jit.script of the graph module"),
+    ("fxmobile.api", "_script_stage", "TorchScript stage"),
+    ("fxmobile.api", "clone_script_module", "  clone_script_module"),
+    ("fxmobile.api", "op_histogram", "  op histograms"),
+    ("fxmobile.api", "unfused_ops", "  unfused op count"),
+    ("fxmobile.api", "lite_interpreter_bytes", "  lite-interpreter bytes (file size)"),
+    ("fxmobile.api", "generate_mobile_module_lints", "  lints"),
+    ("fxmobile.api", "run_model", "optimized module run (check)"),
 )
-NET_OF = {
-    "optimized module run (check)": "eager reference run (script stage)",
-}
 
 
 @contextlib.contextmanager
@@ -126,7 +116,7 @@ def stopwatch(spent: dict[str, float]) -> Iterator[None]:
 def build_model(name: str) -> nn.Module:
     torch.manual_seed(0)
     model = torchvision.models.get_model(name, weights=None)
-    return randomize_statistics(model, INPUT_SHAPE)
+    return randomize_batchnorm_statistics(model, INPUT_SHAPE)
 
 
 def script_freeze(model: nn.Module) -> torch.jit.ScriptModule:
@@ -158,8 +148,6 @@ def measure(model: nn.Module, x: torch.Tensor, reps: int) -> tuple[dict[str, flo
             start = time.perf_counter()
             result = fxmobile.optimize(model, example_inputs=x)
             spent["total"] = time.perf_counter() - start
-        for label, inner in NET_OF.items():
-            spent[label] -= spent[inner]
         passes = {f"{r.stage.value} {r.name}": r.seconds for r in result.report.passes}
         runs.append(FxmobileRun(dict(spent), passes))
 

@@ -57,12 +57,12 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import fxmobile
-from fxmobile.report.numerics import compare_outputs
-from fxmobile.report.timing import Timing, interleaved_medians
+from fxmobile.timing import Timing, interleaved_medians
+from fxmobile.verify import compare_outputs
 
 # model_zoo_checks is a folder of the repository, not part of the installed package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from model_zoo_checks.zoo import randomize_statistics
+from fxmobile.verify import randomize_batchnorm_statistics
 
 MODELS = (
     "resnet18",
@@ -279,7 +279,7 @@ def _first_line(exc: BaseException) -> str:
 
 def build_model(name: str) -> nn.Module:
     model = torchvision.models.get_model(name, weights=None)
-    return randomize_statistics(model, INPUT_SHAPE)
+    return randomize_batchnorm_statistics(model, INPUT_SHAPE)
 
 
 def count_flops(model: nn.Module, x: torch.Tensor) -> int:

@@ -3,26 +3,25 @@
 Importing fxmobile never loads its C++ operator library; that happens on first use of a backend.
 """
 
-from fxmobile.api import FxResult, optimize_fx
+from fxmobile.api import FxResult, MobileResult, optimize, optimize_for_mobile, optimize_fx
 from fxmobile.backends.library import OpFamily, Provider, registration_status
-from fxmobile.backends.registry import Backend
 from fxmobile.errors import (
     CaptureError,
     FxMobileError,
     InvalidArgumentError,
     InvalidValueError,
-    NumericsError,
+    NumericalMismatchError,
     PassError,
     TrainingModeError,
 )
-from fxmobile.mobile import MobileResult, optimize, optimize_for_mobile
-from fxmobile.options import MobileOptimizerType
+from fxmobile.options import Backend, Check, MobileOptimizerType
 from fxmobile.report import Report
 from fxmobile.script.lints import LintCode, generate_mobile_module_lints
 
 __all__ = [
     "Backend",
     "CaptureError",
+    "Check",
     "FxMobileError",
     "FxResult",
     "InvalidArgumentError",
@@ -30,7 +29,7 @@ __all__ = [
     "LintCode",
     "MobileOptimizerType",
     "MobileResult",
-    "NumericsError",
+    "NumericalMismatchError",
     "OpFamily",
     "PassError",
     "Provider",

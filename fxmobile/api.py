@@ -1,27 +1,61 @@
-"""The public entry points: ``optimize_fx`` (the torch.fx stage)."""
+"""The public entry points: ``optimize_fx``, ``optimize`` and the drop-in ``optimize_for_mobile``.
+
+Each validates its arguments once, into ``fxmobile.options.Options`` (and the model, with
+``fxmobile.capture.admit``), then runs the stages, which trust what they are given:
+
+- an eager ``nn.Module`` is captured with torch.fx and goes through the FX passes
+  (``optimize_fx`` stops there), then is scripted;
+- a ``ScriptModule`` (or an eager model with preserved methods, which torch.fx cannot trace)
+  enters at the TorchScript stage: a clone in eval mode is frozen, rewritten for the backend and
+  marked.
+
+The caller's module is never modified. With example inputs, the result is checked against the
+unoptimized model (``fxmobile.verify``): by default a mismatch raises ``NumericalMismatchError``
+naming the first pass after which the outputs diverge.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import copy
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import fx, nn
-from torch.utils import _pytree as pytree
 
-from fxmobile.capture import capture
-from fxmobile.capture.trace import LeafSpec, eager_arguments
-from fxmobile.errors import CaptureError, InvalidArgumentError, InvalidValueError
-from fxmobile.options import BlocklistItem, normalize_blocklist
-from fxmobile.passes.manager import FxPassManager
-from fxmobile.passes.pipeline import fx_pipeline
-from fxmobile.report import Report
-from fxmobile.report.numerics import (
+from fxmobile.backends.library import ensure_registered
+from fxmobile.backends.registry import backend_spec
+from fxmobile.capture import admit, capture
+from fxmobile.capture.checks import check_tensors, deep_copy, eager_arguments, has_forward
+from fxmobile.infra import Observer, PassManager
+from fxmobile.options import (
     DEFAULT_TOLERANCE,
-    as_input_tuple,
-    clone_inputs,
+    Backend,
+    BlocklistItem,
+    Check,
+    LeafSpec,
+    Options,
+    make_options,
+)
+from fxmobile.passes.pipeline import fx_pipeline
+from fxmobile.passes.stage import FxContext, FxStage
+from fxmobile.report import Report
+from fxmobile.script.freeze import bundled_inputs_attributes
+from fxmobile.script.graph_utils import existing_methods, op_histogram, unfused_ops
+from fxmobile.script.lints import generate_mobile_module_lints
+from fxmobile.script.scripting import clone_script_module, quietly_script, to_torchscript
+from fxmobile.script.serialization import lite_interpreter_bytes, save_for_lite_interpreter
+from fxmobile.script.stage import ScriptContext, ScriptStage
+from fxmobile.verify import (
+    check_input_writes,
     compare_outputs,
+    divergence_observer,
+    enforce,
+    first_divergence,
+    reference_outputs,
     run_model,
 )
 
@@ -34,158 +68,332 @@ class FxResult:
     report: Report
 
 
+@dataclass
+class MobileResult:
+    """The optimized ``ScriptModule`` and the report of both stages."""
+
+    module: torch.jit.ScriptModule
+    report: Report
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write a lite-interpreter file (load it with ``_load_for_lite_interpreter``); the
+        report's ``file_bytes`` is then that file's size."""
+        save_for_lite_interpreter(self.module, path)
+        self.report.file_bytes = os.path.getsize(path)
+
+
 def optimize_fx(
     model: nn.Module,
     example_inputs: Any = None,
     *,
     blocklist: Iterable[BlocklistItem] | None = None,
     leaf_modules: Iterable[LeafSpec] = (),
-    concrete_args: dict[str, Any] | None = None,
+    concrete_args: Mapping[str, Any] | None = None,
     auto_leaf: bool = False,
     eval_copy: bool = False,
     channels_last: bool = False,
     tolerance: float = DEFAULT_TOLERANCE,
+    check: Check | str = Check.RAISE,
 ) -> FxResult:
     """Trace a copy of ``model`` and run fxmobile's FX passes on it.
 
     ``model`` is never modified. ``example_inputs`` (a tensor or a tuple of inputs) enables the
-    passes that need shapes and a numerical check of the result against eager; the check is in
-    ``result.report.numerics``. ``blocklist`` takes ``fxmobile.MobileOptimizerType`` members (or
-    upstream's ``torch._C._MobileOptimizerType`` members) to switch passes off.
+    passes that need shapes and a numerical check of the result against eager, in
+    ``result.report.numerics``; ``check`` says what a mismatch does ("raise", the default:
+    ``NumericalMismatchError``; "warn"; "off": no check). ``blocklist`` takes
+    ``fxmobile.MobileOptimizerType`` members (or upstream's ``torch._C._MobileOptimizerType``
+    members) to switch passes off.
     """
-    result, _ = run_fx_stage(
-        model,
-        example_inputs,
+    options = make_options(
         blocklist=blocklist,
+        example_inputs=example_inputs,
         leaf_modules=leaf_modules,
         concrete_args=concrete_args,
         auto_leaf=auto_leaf,
         eval_copy=eval_copy,
         channels_last=channels_last,
         tolerance=tolerance,
-        check=True,
+        check=check,
     )
-    return result
+    admit(model, options)
+    clock = _Clock()
+    gm, report, expected = _fx_stage(model, options, clock)
+    if options.checks:
+
+        def rerun(observe: Observe) -> None:
+            _fx_stage(model, options, _Clock(), observe=observe)
+
+        _check(report, options, clock, expected, gm, rerun)
+    clock.record(report)
+    return FxResult(gm, report)
 
 
-def run_fx_stage(
-    model: nn.Module,
-    example_inputs: Any,
+def optimize(
+    module: nn.Module,
+    optimization_blocklist: Iterable[BlocklistItem] | None = None,
+    preserved_methods: Sequence[str] | None = None,
+    backend: Backend | str = "CPU",
     *,
-    blocklist: Iterable[BlocklistItem] | None,
-    leaf_modules: Iterable[LeafSpec],
-    concrete_args: dict[str, Any] | None,
-    auto_leaf: bool,
-    eval_copy: bool,
-    channels_last: bool,
-    tolerance: float,
-    check: bool,
-) -> tuple[FxResult, Any]:
-    """``optimize_fx``, and the eager outputs on the example inputs (None without inputs).
+    example_inputs: Any = None,
+    leaf_modules: Iterable[LeafSpec] = (),
+    concrete_args: Mapping[str, Any] | None = None,
+    auto_leaf: bool = False,
+    eval_copy: bool = False,
+    channels_last: bool | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
+    check: Check | str = Check.RAISE,
+) -> MobileResult:
+    """Optimize ``module`` for ``backend``; the module and the report of everything done.
 
-    With ``check=False`` the graph module is not run: ``fxmobile.optimize`` compares its final
-    module against the same eager outputs instead, which checks both stages in one run.
+    Arguments as ``optimize_for_mobile``; the keyword-only ones are those of ``optimize_fx``,
+    except that ``channels_last`` defaults to ``None``: on for the CPU backend, whose prepacked
+    kernels read and write channels-last activations (an NCHW network pays a layout change at
+    every convolution and runs pooling on ATen's slow NCHW path), off for Vulkan and Metal,
+    whose runtimes pick their own layout. Blocklist ``MobileOptimizerType.CHANNELS_LAST`` or
+    pass ``False`` to keep eager's layout.
     """
-    blocked = normalize_blocklist(blocklist)
-    check_tolerance(tolerance)
-    captured = capture(
-        model,
+    options = make_options(
+        blocklist=optimization_blocklist,
+        backend=backend,
+        preserved_methods=preserved_methods,
+        example_inputs=example_inputs,
         leaf_modules=leaf_modules,
         concrete_args=concrete_args,
         auto_leaf=auto_leaf,
         eval_copy=eval_copy,
+        channels_last=channels_last,
+        tolerance=tolerance,
+        check=check,
     )
-    inputs = None if example_inputs is None else as_input_tuple(example_inputs)
-    reference = None
-    if inputs is not None:
-        # The eager copy, before any pass touches the parameters it shares with the graph.
-        specialized = {k: v for k, v in (concrete_args or {}).items() if v is not fx.PH}
-        reference, after_eager = _run_eager(
-            captured.graph_module, captured.eager_copy, inputs, specialized
+    if isinstance(module, torch.jit.ScriptModule):
+        check_tensors(module)
+    else:
+        admit(module, options, needs_forward=not options.preserved_methods)
+    clock = _Clock()
+    scripted, report, expected = _to_script(module, options, clock)
+    optimized, methods = _script_stage(scripted, options, report)
+    if options.checks and not _has_forward(optimized):
+        report.notes.append("numerics not checked: the module has no forward to run")
+    elif options.checks and not _runs_here(optimized, methods):
+        report.notes.append(
+            "numerics not checked: the module moves tensors to the Vulkan device; blocklist "
+            "MobileOptimizerType.VULKAN_AUTOMATIC_GPU_TRANSFER to check them on this machine"
         )
-        check_input_writes(captured.graph_module, type(model).__name__, inputs, after_eager)
+    elif options.checks:
+        _check(report, options, clock, expected, optimized, lambda o: _rerun(module, options, o))
+    clock.record(report)
+    return MobileResult(optimized, report)
+
+
+def optimize_for_mobile(
+    module: nn.Module,
+    optimization_blocklist: Iterable[BlocklistItem] | None = None,
+    preserved_methods: Sequence[str] | None = None,
+    backend: Backend | str = "CPU",
+    *,
+    example_inputs: Any = None,
+    **fx_options: Any,
+) -> torch.jit.ScriptModule:
+    """Drop-in for ``torch.utils.mobile_optimizer.optimize_for_mobile`` that works without
+    XNNPACK, and also takes eager modules; see ``optimize`` for the report."""
+    return optimize(
+        module,
+        optimization_blocklist,
+        preserved_methods,
+        backend,
+        example_inputs=example_inputs,
+        **fx_options,
+    ).module
+
+
+class _Clock:
+    """Optimization time and check time, apart (the report shows both)."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.checking = 0.0
+
+    def check(self, run: Callable[[], Any]) -> Any:
+        start = time.perf_counter()
+        try:
+            return run()
+        finally:
+            self.checking += time.perf_counter() - start
+
+    def record(self, report: Report) -> None:
+        total = time.perf_counter() - self.start
+        report.optimize_seconds = total - self.checking
+        report.check_seconds = self.checking
+
+
+# Given a stage's name ("fx", "script"), the observer a re-run of that stage reports to.
+Observe = Callable[[str], Observer]
+
+
+def _fx_stage(
+    model: nn.Module,
+    options: Options,
+    clock: _Clock,
+    *,
+    for_script: bool = False,
+    observe: Observe | None = None,
+) -> tuple[fx.GraphModule, Report, Any]:
+    """Capture and the FX passes; the graph module, its report and eager's outputs (None
+    without a check, or in a re-run: ``observe`` set)."""
+    captured = capture(model, options)
+    inputs = options.example_inputs
+    expected = None
+    if options.checks and observe is None:
+        # On the eager copy, before any pass touches the parameters it shares with the graph.
+        args, kwargs = eager_arguments(captured.eager_copy, inputs or (), _specialized(options))
+        expected, after = clock.check(
+            lambda: reference_outputs(captured.eager_copy, type(model).__name__, args, kwargs)
+        )
+        check_input_writes(captured.graph_module, type(model).__name__, args, after)
     report = Report(model_name=type(model).__name__, notes=list(captured.notes))
-    manager = FxPassManager(fx_pipeline(channels_last=channels_last), blocked, inputs)
+    passes = fx_pipeline(channels_last=options.channels_last, for_script=for_script)
+    observer = observe("fx") if observe else None
+    manager = PassManager(
+        passes, FxStage(inputs), FxContext(inputs), options.blocklist, observer=observer
+    )
     gm, records = manager.run(captured.graph_module)
     report.passes.extend(records)
-    if inputs is not None and check:
-        report.numerics = compare_outputs(reference, run_model(gm, inputs), float(tolerance))
-    return FxResult(gm, report), reference
+    return gm, report, expected
 
 
-def check_tolerance(tolerance: object) -> None:
-    """A number (TypeError otherwise) that is finite-or-infinite, not NaN and not negative."""
-    if isinstance(tolerance, bool) or not isinstance(tolerance, float | int):
-        raise InvalidArgumentError(
-            f"tolerance must be a non-negative number (relative error, e.g. 1e-4), got "
-            f"{type(tolerance).__name__} {tolerance!r}"
+def _to_script(
+    module: nn.Module, options: Options, clock: _Clock, observe: Observe | None = None
+) -> tuple[torch.jit.ScriptModule, Report, Any]:
+    """The module as TorchScript for the TorchScript stage, the report so far, and the
+    unoptimized model's outputs (None without a check, or in a re-run)."""
+    if isinstance(module, torch.jit.ScriptModule):
+        report = Report(model_name=str(module.original_name))
+        scripted = module
+        reference: Any = clone_script_module(module)
+    elif options.preserved_methods or not has_forward(module):
+        reference = deep_copy(module).eval()
+        # torch.fx traces forward only; exported methods need the scripted original.
+        scripted = quietly_script(copy.deepcopy(reference))
+        report = Report(model_name=type(module).__name__)
+        report.notes.append(
+            "FX stage skipped: torch.fx traces forward only, and preserved methods "
+            "need the scripted original"
         )
-    if not tolerance >= 0:  # also catches NaN
-        raise InvalidValueError(
-            f"tolerance must be a non-negative number (relative error, e.g. 1e-4), got "
-            f"{tolerance!r}; pass tolerance=0 for exact equality"
+    else:
+        gm, report, expected = _fx_stage(module, options, clock, for_script=True, observe=observe)
+        scripted, note = to_torchscript(gm, options.example_inputs)
+        if note:
+            report.notes.append(note)
+        if observe is not None:
+            observe("script")("torchscript", scripted)
+        return scripted, report, expected
+    expected = None
+    if options.checks and observe is None and _has_forward(scripted):
+        args, kwargs = eager_arguments(
+            reference, options.example_inputs or (), _specialized(options)
         )
+        expected, _ = clock.check(
+            lambda: reference_outputs(reference, report.model_name, args, kwargs)
+        )
+    return scripted, report, expected
 
 
-def check_input_writes(
-    gm: fx.GraphModule, model_name: str, inputs: tuple[Any, ...], after_eager: tuple[Any, ...]
+def _script_stage(
+    scripted: torch.jit.ScriptModule,
+    options: Options,
+    report: Report,
+    observe: Observe | None = None,
+) -> tuple[torch.jit.ScriptModule, list[str]]:
+    """Freeze and rewrite a clone of ``scripted`` for ``options.backend``; the module and the
+    methods that were rewritten. The report gains the passes, op counts, lints and size."""
+    assert options.backend is not None
+    # A copy of the state, so eval() cannot reach the caller's module. Graphs are shared with
+    # other instances of the same types until the first freeze: passes before it only use
+    # torch passes that clone.
+    scripted = clone_script_module(scripted)
+    scripted.eval()
+    preserved_attrs = _check_preserved(scripted, list(options.preserved_methods))
+    methods = existing_methods(scripted, ["forward", *options.preserved_methods])
+    ctx = ScriptContext(tuple(methods), tuple(preserved_attrs), options.example_inputs)
+    spec = backend_spec(options.backend)
+    ensure_registered(spec.op_family)
+    blocked = options.blocklist if spec.honours is None else options.blocklist & spec.honours
+    report.backend = options.backend.name
+    report.ops_before = dict(op_histogram(scripted, methods))
+    observer = observe("script") if observe else None
+    manager = PassManager(spec.passes(), ScriptStage(ctx), ctx, blocked, observer=observer)
+    optimized, records = manager.run(scripted)
+    for name, value in spec.markers.items():
+        optimized._c._register_attribute(name, torch._C.BoolType.get(), value)
+    report.passes.extend(records)
+    report.ops_after = dict(op_histogram(optimized, methods))
+    report.unfused_ops = dict(unfused_ops(optimized, methods))
+    report.measure_file_with(lambda: len(lite_interpreter_bytes(optimized)))
+    report.lints = generate_mobile_module_lints(optimized)
+    return optimized, methods
+
+
+def _check(
+    report: Report,
+    options: Options,
+    clock: _Clock,
+    expected: Any,
+    result: Callable[..., Any],
+    rerun: Callable[[Observe], object],
 ) -> None:
-    """Refuse a model whose forward writes to an input in a way the graph does not.
+    """Compare ``result`` with ``expected`` on the example inputs, then apply the gate.
 
-    torch.fx records ``x += c`` on a tensor as ``x = x + c`` (its proxies have no in-place
-    operators), so the captured graph silently stops writing to the caller's tensor.
-    ``after_eager`` holds eager's clones of ``inputs`` after its call; only when eager changed
-    one is the graph run, and it must leave that input exactly as eager did.
+    ``rerun(observe)`` runs the pipeline again, reporting each pass's result to the stage's
+    observer, to find where the outputs diverge; it is called only on a mismatch.
     """
-    before = pytree.tree_leaves(inputs)
-    eager_leaves = pytree.tree_leaves(after_eager)
-    written = [
-        i
-        for i, (b, a) in enumerate(zip(before, eager_leaves, strict=True))
-        if isinstance(b, torch.Tensor) and not _same(b, a)
-    ]
-    if not written:
-        return
-    graph_inputs = clone_inputs(inputs)
-    with torch.no_grad():
-        gm(*graph_inputs)
-    graph_leaves = pytree.tree_leaves(graph_inputs)
-    names = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
-    for i in written:
-        if not _same(graph_leaves[i], eager_leaves[i]):
-            name = repr(names[i]) if len(names) == len(before) else f"#{i}"
-            raise CaptureError(
-                f"{model_name}.forward writes to its input {name} in place, and torch.fx did "
-                f"not capture the write (it records `x += c` on a tensor as `x = x + c`). "
-                f"Fix: use the in-place method (`x.add_(c)`), or do not write to the input "
-                f"(`x = x + c`)."
-            )
+    inputs = options.example_inputs or ()
+    actual = clock.check(lambda: run_model(result, inputs))
+    report.numerics = compare_outputs(expected, actual, options.tolerance)
+
+    def observe(stage: str) -> Observer:
+        return divergence_observer(expected, inputs, options.tolerance, stage)
+
+    enforce(report, options.check, lambda: first_divergence(lambda: rerun(observe)))
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit-for-bit the same values, NaN equal to NaN (an input may hold NaN)."""
-    if torch.equal(a, b):
-        return True
-    return a.is_floating_point() and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)
+def _rerun(module: nn.Module, options: Options, observe: Observe) -> None:
+    """The whole pipeline once more, every pass observed (the report is thrown away)."""
+    scripted, report, _ = _to_script(module, options, _Clock(), observe)
+    _script_stage(scripted, options, report, observe)
 
 
-def _run_eager(
-    gm: fx.GraphModule, eager: nn.Module, inputs: tuple[Any, ...], specialized: dict[str, Any]
-) -> tuple[Any, tuple[Any, ...]]:
-    """Eager's outputs on clones of ``inputs`` (a forward may write to them), and the clones
-    as the call left them."""
-    names = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
-    cloned = clone_inputs(inputs)
-    try:
-        args, kwargs = eager_arguments(eager, cloned, specialized)
-        with torch.no_grad():
-            return eager(*args, **kwargs), cloned
-    except Exception as exc:
-        shapes = [
-            tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__ for x in inputs
-        ]
-        raise InvalidValueError(
-            f"example_inputs do not run through {type(eager).__name__}.forward "
-            f"({type(exc).__name__}: {exc}). Got {len(inputs)} input(s) {shapes} for the "
-            f"parameters {names}; pass example_inputs that the eager model accepts."
-        ) from exc
+def _specialized(options: Options) -> dict[str, Any]:
+    """The concrete arguments that are values (``fx.PH`` keeps a parameter an input)."""
+    return {k: v for k, v in (options.concrete_args or {}).items() if v is not fx.PH}
+
+
+def _check_preserved(module: torch.jit.ScriptModule, preserved: list[str]) -> list[str]:
+    """Upstream's rules: bundled-input attributes are kept when all exist; every preserved
+    name must exist, or ``AttributeError`` names the missing ones."""
+    bundled = bundled_inputs_attributes(module, preserved)
+    names = list(preserved)
+    if all(hasattr(module, attr) for attr in bundled):
+        names = list(dict.fromkeys(names + bundled))
+    missing = [name for name in names if not hasattr(module, name)]
+    if missing:
+        raise AttributeError(
+            "The following methods to preserve do not exist in script_module: " + ", ".join(missing)
+        )
+    return names
+
+
+def _has_forward(module: torch.jit.ScriptModule) -> bool:
+    return bool(module._c._has_method("forward"))
+
+
+def _runs_here(module: torch.jit.ScriptModule, methods: list[str]) -> bool:
+    """False when the graph moves tensors to the Vulkan device, which this build cannot run."""
+    for name in methods:
+        for node in module._c._get_method(name).graph.findAllNodes("aten::to"):
+            for value in node.inputs():
+                if value.node().kind() != "prim::Constant":
+                    continue
+                device = value.toIValue()
+                if isinstance(device, torch.device) and device.type == "vulkan":
+                    return False
+    return True

@@ -8,6 +8,11 @@ working when a caller switches from ``torch.utils.mobile_optimizer``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fxmobile.report.records import Report
+
 
 class FxMobileError(Exception):
     """Base class of every error fxmobile raises on purpose."""
@@ -33,8 +38,15 @@ class PassError(FxMobileError, RuntimeError):
     """A pass failed; the message says which passes ran before it."""
 
 
-class NumericsError(FxMobileError, RuntimeError):
-    """The optimized model's outputs differ from eager beyond the tolerance."""
+class NumericalMismatchError(FxMobileError, ValueError):
+    """The optimized model's outputs differ from eager beyond the tolerance.
+
+    ``report`` is the report of the run that failed: every pass, and the failed check.
+    """
+
+    def __init__(self, message: str, report: Report) -> None:
+        super().__init__(message)
+        self.report = report
 
 
 class ScriptingError(FxMobileError, RuntimeError):

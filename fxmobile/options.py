@@ -1,18 +1,29 @@
-"""The members that select optimizations, and blocklist normalization.
+"""What a caller can ask for, validated once at the door into one ``Options`` object.
 
 ``MobileOptimizerType`` has every member of upstream's ``torch._C._MobileOptimizerType`` under
 the same name, the member upstream's Python enum lacks (``CONV_1D_TO_2D``), and one member per
-fxmobile FX pass. Upstream members are accepted wherever a blocklist is taken and mapped by name.
+fxmobile pass that can be switched off. Upstream members are accepted wherever a blocklist is
+taken and mapped by name. ``Backend`` selects the mobile runtime, ``Check`` what happens when the
+optimized module's outputs differ from eager's.
+
+The public entry points (``fxmobile.api``) turn their arguments into an ``Options`` with
+``make_options``; the stages below trust it and never check an argument again.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch import nn
 
-from fxmobile.errors import InvalidArgumentError
+from fxmobile.errors import InvalidArgumentError, InvalidValueError
+
+DEFAULT_TOLERANCE = 1e-4  # max abs error relative to the largest magnitude of eager's output
 
 
 class MobileOptimizerType(enum.Enum):
@@ -27,16 +38,108 @@ class MobileOptimizerType(enum.Enum):
     VULKAN_AUTOMATIC_GPU_TRANSFER = "vulkan_automatic_gpu_transfer"
     # in upstream's C++ enum, missing from its Python binding
     CONV_1D_TO_2D = "conv_1d_to_2d"
-    # fxmobile's FX passes (REMOVE_DROPOUT and CONV_BN_FUSION above also gate FX passes)
+    # fxmobile's own passes (REMOVE_DROPOUT and CONV_BN_FUSION above also gate FX passes)
     REMOVE_IDENTITY = "remove_identity"
     FOLD_CONV_ARITHMETIC = "fold_conv_arithmetic"
     DECOMPOSE_BATCHNORM = "decompose_batchnorm"
     FOLD_CONSTANTS = "fold_constants"
     ELIMINATE_DEAD_CODE = "eliminate_dead_code"
     CHANNELS_LAST = "channels_last"
+    INLINE_MODULES = "inline_modules"
+
+
+UNKNOWN_BACKEND = "Unknown backend, must be one of 'CPU', 'Vulkan' or 'Metal'"
+
+
+class Backend(enum.Enum):
+    """The mobile runtime to optimize for."""
+
+    CPU = "cpu"
+    VULKAN = "vulkan"
+    METAL = "metal"
+
+    @classmethod
+    def parse(cls, value: Backend | str) -> Backend:
+        """A member, or its name in any case (upstream's spelling); upstream's error otherwise."""
+        if isinstance(value, Backend):
+            return value
+        if isinstance(value, str):
+            for member in cls:
+                if member.value == value.lower():
+                    return member
+        raise InvalidArgumentError(f"{UNKNOWN_BACKEND} (got {value!r})")
+
+
+class Check(enum.StrEnum):
+    """What to do when example inputs are given and an output differs beyond the tolerance."""
+
+    RAISE = "raise"  # NumericalMismatchError, naming the output and the first diverging pass
+    WARN = "warn"  # return the module with a warning; the report holds the failed check
+    OFF = "off"  # do not run the model at all
 
 
 BlocklistItem = MobileOptimizerType | torch._C._MobileOptimizerType
+# A leaf module: a class, a submodule instance of the model, or a submodule's qualified name.
+LeafSpec = type[nn.Module] | nn.Module | str
+
+
+@dataclass(frozen=True)
+class Options:
+    """Every argument of the entry points, checked. The stages read it and check nothing."""
+
+    blocklist: frozenset[MobileOptimizerType] = frozenset()
+    backend: Backend | None = None  # None: the FX stage alone (optimize_fx)
+    preserved_methods: tuple[str, ...] = ()
+    example_inputs: tuple[Any, ...] | None = None
+    leaf_modules: tuple[LeafSpec, ...] = ()
+    concrete_args: Mapping[str, Any] | None = None
+    auto_leaf: bool = False
+    eval_copy: bool = False
+    channels_last: bool = False
+    tolerance: float = DEFAULT_TOLERANCE
+    check: Check = Check.RAISE
+
+    @property
+    def checks(self) -> bool:
+        """Whether the optimized module is run against eager (inputs given, check not off)."""
+        return self.example_inputs is not None and self.check is not Check.OFF
+
+
+def make_options(
+    *,
+    blocklist: Iterable[BlocklistItem] | None = None,
+    backend: Backend | str | None = None,
+    preserved_methods: Sequence[str] | None = None,
+    example_inputs: Any = None,
+    leaf_modules: Iterable[LeafSpec] = (),
+    concrete_args: Mapping[str, Any] | None = None,
+    auto_leaf: bool = False,
+    eval_copy: bool = False,
+    channels_last: bool | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
+    check: Check | str = Check.RAISE,
+) -> Options:
+    """Check every argument and return them as one ``Options``.
+
+    ``channels_last=None`` means: on for the CPU backend (its prepacked kernels read and write
+    channels-last activations), off for Vulkan, Metal and the FX stage alone.
+    """
+    target = None if backend is None else Backend.parse(backend)
+    if channels_last is None:
+        channels_last = target is Backend.CPU
+    return Options(
+        blocklist=normalize_blocklist(blocklist),
+        backend=target,
+        preserved_methods=_preserved_names(preserved_methods),
+        example_inputs=None if example_inputs is None else as_input_tuple(example_inputs),
+        leaf_modules=_leaf_specs(leaf_modules),
+        concrete_args=_concrete_args(concrete_args),
+        auto_leaf=_flag("auto_leaf", auto_leaf),
+        eval_copy=_flag("eval_copy", eval_copy),
+        channels_last=_flag("channels_last", channels_last),
+        tolerance=_tolerance(tolerance),
+        check=_check(check),
+    )
 
 
 def normalize_blocklist(
@@ -80,6 +183,125 @@ def normalize_blocklist(
                 f"fxmobile.MobileOptimizerType or torch._C._MobileOptimizerType: {valid}"
             )
     return frozenset(members)
+
+
+def member_named(text: str) -> MobileOptimizerType:
+    """A member from its name as a command line spells it: any case, ``-`` for ``_``.
+
+    The one spelling the CLI and the zoo runner accept; raises ``KeyError`` naming the valid
+    names otherwise.
+    """
+    key = text.strip().upper().replace("-", "_")
+    if key in MobileOptimizerType.__members__:
+        return MobileOptimizerType[key]
+    valid = ", ".join(m.name.lower() for m in MobileOptimizerType)
+    raise KeyError(f"{text!r} is not an optimization; valid names: {valid}")
+
+
+def as_input_tuple(example_inputs: object) -> tuple[Any, ...]:
+    """A single tensor becomes a 1-tuple; a tuple or list becomes a tuple.
+
+    Tensors off the CPU are refused: the model is optimized and checked on the CPU.
+    """
+    from torch.utils import _pytree as pytree
+
+    if isinstance(example_inputs, tuple):
+        inputs = example_inputs
+    elif isinstance(example_inputs, list):
+        inputs = tuple(example_inputs)
+    else:
+        inputs = (example_inputs,)
+    for path, leaf in pytree.tree_flatten_with_path(inputs)[0]:
+        if isinstance(leaf, torch.Tensor) and leaf.device.type != "cpu":
+            raise InvalidValueError(
+                f"example_inputs{pytree.keystr(path)} is on {leaf.device}; fxmobile optimizes "
+                f"the model on the CPU and checks it there. Fix: pass CPU tensors (x.cpu())."
+            )
+    return inputs
+
+
+def _tolerance(tolerance: object) -> float:
+    """A number (TypeError otherwise) that is finite-or-infinite, not NaN and not negative."""
+    if isinstance(tolerance, bool) or not isinstance(tolerance, float | int):
+        raise InvalidArgumentError(
+            f"tolerance must be a non-negative number (relative error, e.g. 1e-4), got "
+            f"{type(tolerance).__name__} {tolerance!r}"
+        )
+    if math.isnan(tolerance) or tolerance < 0:
+        raise InvalidValueError(
+            f"tolerance must be a non-negative number (relative error, e.g. 1e-4), got "
+            f"{tolerance!r}; pass tolerance=0 for exact equality"
+        )
+    return float(tolerance)
+
+
+def _check(check: object) -> Check:
+    if isinstance(check, Check):
+        return check
+    if isinstance(check, str) and check.lower() in Check._value2member_map_:
+        return Check(check.lower())
+    raise InvalidArgumentError(
+        f"check must be one of 'raise', 'warn' or 'off' (or fxmobile.Check), got {check!r}"
+    )
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def _preserved_names(preserved_methods: Sequence[str] | None) -> tuple[str, ...]:
+    if preserved_methods is None:
+        return ()
+    if isinstance(preserved_methods, str | bytes):
+        raise InvalidArgumentError(
+            f"preserved_methods must be a list of method names, got the single name "
+            f"{preserved_methods!r}; wrap it: [{preserved_methods!r}]"
+        )
+    # upstream converts byte strings too
+    return tuple(m.decode() if isinstance(m, bytes) else str(m) for m in preserved_methods)
+
+
+def _leaf_specs(leaf_modules: Iterable[LeafSpec]) -> tuple[LeafSpec, ...]:
+    """The items' kinds only: which submodules they name is checked against the model."""
+    if isinstance(leaf_modules, str | type | nn.Module):
+        shown = leaf_modules.__name__ if isinstance(leaf_modules, type) else repr(leaf_modules)
+        if isinstance(leaf_modules, nn.Module):
+            shown = "m"  # the submodule the caller holds
+        raise InvalidArgumentError(
+            f"leaf_modules must be a list of module classes, submodules or qualified names, "
+            f"got the single value {shown}; wrap it: leaf_modules=[{shown}]"
+        )
+    try:
+        specs = tuple(leaf_modules)
+    except TypeError:
+        raise InvalidArgumentError(
+            f"leaf_modules must be a list of module classes, submodules or qualified names, "
+            f"got {type(leaf_modules).__name__}"
+        ) from None
+    for spec in specs:
+        if not (isinstance(spec, str | nn.Module) or _is_module_class(spec)):
+            raise InvalidArgumentError(
+                f"leaf_modules items must be nn.Module classes, submodules or qualified names, "
+                f"got {spec!r}"
+            )
+    return specs
+
+
+def _is_module_class(value: object) -> bool:
+    return isinstance(value, type) and issubclass(value, nn.Module)
+
+
+def _concrete_args(concrete_args: object) -> Mapping[str, Any] | None:
+    if concrete_args is None:
+        return None
+    if not isinstance(concrete_args, Mapping):
+        raise InvalidArgumentError(
+            f"concrete_args must be a dict from forward's parameter names to values, got "
+            f"{type(concrete_args).__name__}; e.g. concrete_args={{'flag': True}}"
+        )
+    return dict(concrete_args)
 
 
 def _spell(value: object) -> str:

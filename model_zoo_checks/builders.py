@@ -83,11 +83,12 @@ def build(entry: ZooModel) -> nn.Module:
 
 def build_detection(entry: ZooModel, seed: int) -> nn.Module:
     """A detector (or its core) with its backbone's and head's statistics randomized."""
-    from model_zoo_checks.zoo import randomize_statistics
+    from fxmobile.verify import randomize_batchnorm_statistics
 
     model = build(entry)
     core = model if isinstance(model, DetectionCore) else DetectionCore(model)
-    randomize_statistics(core, entry.input_shape, seed)  # the core shares the detector's modules
+    # the core shares the detector's modules
+    randomize_batchnorm_statistics(core, entry.input_shape, seed)
     return model.eval()
 
 
@@ -125,9 +126,9 @@ def build_quantized(entry: ZooModel, seed: int) -> nn.Module:
     """Post-training quantization of a torchvision quantizable model, calibrated on noise."""
     from torch.ao import quantization
 
-    from model_zoo_checks.zoo import randomize_statistics
+    from fxmobile.verify import randomize_batchnorm_statistics
 
-    model = randomize_statistics(build(entry), entry.input_shape, seed)
+    model = randomize_batchnorm_statistics(build(entry), entry.input_shape, seed)
     with quantized_engine():
         model.fuse_model(is_qat=False)  # type: ignore[operator]
         model.qconfig = quantization.get_default_qconfig(QUANTIZED_ENGINE)

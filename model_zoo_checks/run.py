@@ -20,19 +20,12 @@ from typing import Any
 
 from tabulate import tabulate
 
-from fxmobile import Backend, MobileOptimizerType
+from fxmobile import Backend
+from fxmobile.cli.common import blocklist_member
 from model_zoo_checks import baseline as baseline_io
 from model_zoo_checks.output import plot_speedups, render_problems, render_table, write_outputs
 from model_zoo_checks.runner import RunOptions, quiet_warnings, run_zoo
 from model_zoo_checks.zoo import Kind, ZooModel, all_models, quick_models
-
-
-def _blocklist_member(name: str) -> MobileOptimizerType:
-    try:
-        return MobileOptimizerType[name.upper()]
-    except KeyError:
-        valid = ", ".join(m.name for m in MobileOptimizerType)
-        raise argparse.ArgumentTypeError(f"{name!r} is not one of: {valid}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--blocklist",
         nargs="+",
         default=[],
-        type=_blocklist_member,
+        type=blocklist_member,
         metavar="MEMBER",
         help="MobileOptimizerType members to switch off, e.g. FUSE_ADD_RELU",
     )

@@ -27,9 +27,9 @@ import torch
 
 import fxmobile
 from fxmobile import Backend, MobileOptimizerType
-from fxmobile.report.numerics import run_model
-from fxmobile.report.timing import interleaved_medians
 from fxmobile.script.scripting import quietly_script
+from fxmobile.timing import interleaved_medians
+from fxmobile.verify import run_model
 from model_zoo_checks.guard import GuardError, run_json_guarded
 from model_zoo_checks.results import ModelResult, Status, first_line
 from model_zoo_checks.zoo import Kind, Route, ZooModel

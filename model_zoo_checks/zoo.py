@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from fxmobile.verify import randomize_batchnorm_statistics
+
 # Models whose optimization needs most of this machine's memory: run one per process, guarded.
 GIANTS = frozenset({"vit_h_14", "regnet_y_128gf"})
 
@@ -95,7 +97,7 @@ class ZooModel:
             return builders.build_quantized(self, seed)
         if self.kind is Kind.DETECTION:
             return builders.build_detection(self, seed)
-        return randomize_statistics(self.build(), self.input_shape, seed)
+        return randomize_batchnorm_statistics(self.build(), self.input_shape, seed)
 
     def example_inputs(self, seed: int = 0) -> tuple[Any, ...]:
         """The positional inputs of one forward: a batch, or a detector's list of images."""
@@ -210,19 +212,6 @@ _QUICK = (
 def quick_models() -> list[ZooModel]:
     by_name = {m.name: m for m in all_models()}
     return [by_name[name].resized(shape) for name, shape in _QUICK]
-
-
-def randomize_statistics(
-    model: nn.Module, input_shape: tuple[int, ...], seed: int = 0
-) -> nn.Module:
-    """A few training-mode forwards on shifted, scaled noise, then eval (in place; returns it)."""
-    torch.manual_seed(seed)
-    model.train()
-    batch = (2, *input_shape[1:])
-    with torch.no_grad():
-        for _ in range(2):
-            model(torch.randn(batch) * 1.5 + 0.3)
-    return model.eval()
 
 
 def has_batchnorm(model: nn.Module) -> bool:

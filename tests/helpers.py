@@ -93,3 +93,24 @@ def count_calls(gm: fx.GraphModule, target: Any) -> int:
         if (n.op == "call_function" and n.target is target)
         or (n.op == "call_method" and n.target == target)
     )
+
+
+def run_fx_passes(
+    gm: fx.GraphModule, passes: list[Any], inputs: tuple[Any, ...] | None = None
+) -> tuple[fx.GraphModule, list[Any]]:
+    """``passes`` through the FX stage's manager (shapes from ``inputs``); the unit and records."""
+    from fxmobile.infra import PassManager
+    from fxmobile.passes.stage import FxContext, FxStage
+
+    return PassManager(passes, FxStage(inputs), FxContext(inputs)).run(gm)
+
+
+def captured(model: Any, **options: Any) -> Any:
+    """``fxmobile.capture.capture`` behind the entry points' door: the options and the model
+    are checked first (``make_options``, ``admit``), as ``optimize_fx`` checks them."""
+    from fxmobile.capture import admit, capture
+    from fxmobile.options import make_options
+
+    checked = make_options(**options)
+    admit(model, checked)
+    return capture(model, checked)

@@ -93,7 +93,7 @@ def test_linear_and_conv2d_become_folded_prepack_run_pairs(tmp_path: Path) -> No
     assert hist["aten::conv_transpose2d"] == 1
     assert not {"aten::conv2d", "aten::linear", "aten::batch_norm", "aten::dropout"} & set(hist)
     assert not [k for k in hist if k.endswith("_prepack")]
-    assert result.report.record("insert_metal_ops").rewrites == 3
+    assert result.report.record("insert_prepacked_ops").rewrites == 3
     assert result.report.record("fold_prepacking").rewrites == 3
     assert result.module.optimized_for_metal is True
     linear = next(s for s in states(result.module) if len(s) == 4)
@@ -161,7 +161,9 @@ def test_string_padding_conv_stays_aten_with_a_reason() -> None:
     model = SamePadding().eval()
     result = metal(quietly_script(model))
     assert ops(result.module)["aten::conv2d"] == 1
-    assert result.report.record("insert_metal_ops").skips == {"aten::conv2d with string padding": 1}
+    assert result.report.record("insert_prepacked_ops").skips == {
+        "aten::conv2d with string padding": 1
+    }
     assert_equivalent(model, result.module, torch.randn(1, 3, 7, 7))
 
 

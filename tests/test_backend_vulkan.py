@@ -121,7 +121,7 @@ def test_each_layer_becomes_a_folded_create_run_pair(tmp_path: Path) -> None:
     hist = ops(result.module)
     assert {k: hist[k] for k in RUNS} == RUNS
     assert not [k for k in hist if "create_" in k or k.split("::")[1] in _ATEN_LAYERS]
-    assert result.report.record("insert_vulkan_ops").rewrites == 6
+    assert result.report.record("insert_prepacked_ops").rewrites == 6
     assert result.report.record("fold_prepacking").rewrites == 6
     assert result.module.optimized_for_vulkan is True
     assert not result.module._c.hasattr("requires_backend_transfers")
@@ -309,7 +309,7 @@ def test_what_vulkan_cannot_run_stays_aten_with_the_reason(name: str) -> None:
     model = Single(copy.deepcopy(layer)).eval()
     result = vulkan(quietly_script(model))
     assert ops(result.module)[kind] == 1
-    assert result.report.record("insert_vulkan_ops").skips == {reason: 1}
+    assert result.report.record("insert_prepacked_ops").skips == {reason: 1}
     assert_equivalent(model, result.module, x)
 
 
@@ -361,7 +361,7 @@ def test_gpu_transfer_moves_used_tensor_inputs_and_tensor_outputs() -> None:
     assert graph.return_node().inputsAt(0).node().kind() == "aten::to"
     assert result.module.requires_backend_transfers is False
     assert result.module.optimized_for_vulkan is True
-    assert result.report.record("gpu_transfer").rewrites == 2
+    assert result.report.record("insert_gpu_transfers").rewrites == 2
     theirs = upstream(scripted, transfer=True)
     assert transfers(theirs.graph) == transfers(graph)
     assert differences(ops(result.module), ops(theirs)) == {}

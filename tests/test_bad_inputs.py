@@ -29,7 +29,7 @@ from fxmobile import (
     MobileOptimizerType,
     TrainingModeError,
 )
-from fxmobile.backends.registry import UNKNOWN_BACKEND
+from fxmobile.options import UNKNOWN_BACKEND
 from fxmobile.passes.remove_dropout import RemoveDropout
 from tests.helpers import assert_equivalent
 

@@ -7,8 +7,7 @@ import torch
 from torch import nn
 
 import fxmobile
-from fxmobile.capture import capture
-from tests.helpers import assert_equivalent
+from tests.helpers import assert_equivalent, captured
 
 
 class Branchy(nn.Module):
@@ -44,7 +43,7 @@ class Flagged(nn.Module):
 
 def test_trace_failure_names_submodule_source_line_and_fix() -> None:
     with pytest.raises(fxmobile.CaptureError) as info:
-        capture(Outer().eval())
+        captured(Outer().eval())
     msg = str(info.value)
     assert "'inner' (Branchy)" in msg
     assert "test_capture.py" in msg and "if x.sum() > 0" in msg
@@ -53,13 +52,13 @@ def test_trace_failure_names_submodule_source_line_and_fix() -> None:
 
 def test_trace_failure_in_root_suggests_concrete_args() -> None:
     with pytest.raises(fxmobile.CaptureError, match=r"Branchy\.forward.*concrete_args"):
-        capture(Branchy().eval())
+        captured(Branchy().eval())
 
 
 @pytest.mark.parametrize("leaf", [Branchy, "inner"])
 def test_leaf_module_kept_opaque(leaf: type[nn.Module] | str) -> None:
     model = Outer().eval()
-    gm = capture(model, leaf_modules=[leaf]).graph_module
+    gm = captured(model, leaf_modules=[leaf]).graph_module
     called = [n.target for n in gm.graph.nodes if n.op == "call_module"]
     assert called == ["pre", "inner", "post"]
     x = torch.randn(2, 4)
@@ -68,13 +67,13 @@ def test_leaf_module_kept_opaque(leaf: type[nn.Module] | str) -> None:
 
 def test_leaf_module_given_as_instance() -> None:
     model = Outer().eval()
-    gm = capture(model, leaf_modules=[model.inner]).graph_module
+    gm = captured(model, leaf_modules=[model.inner]).graph_module
     assert "inner" in [n.target for n in gm.graph.nodes if n.op == "call_module"]
 
 
 def test_leaf_instance_from_another_model_is_refused() -> None:
     with pytest.raises(fxmobile.InvalidArgumentError, match="not a submodule"):
-        capture(Outer().eval(), leaf_modules=[Branchy()])
+        captured(Outer().eval(), leaf_modules=[Branchy()])
 
 
 def test_auto_leaf_keeps_untraceable_submodule_and_says_so() -> None:
@@ -85,7 +84,7 @@ def test_auto_leaf_keeps_untraceable_submodule_and_says_so() -> None:
 
 
 def test_concrete_args_specialize_control_flow() -> None:
-    gm = capture(Flagged().eval(), concrete_args={"double": True}).graph_module
+    gm = captured(Flagged().eval(), concrete_args={"double": True}).graph_module
     x = torch.randn(3)
     torch.testing.assert_close(gm(x), x * 2)
     assert [n.op for n in gm.graph.nodes] == ["placeholder", "call_function", "output"]
@@ -101,7 +100,7 @@ def test_training_model_is_refused_with_submodule_list() -> None:
     model.eval()
     model.inner.train()
     with pytest.raises(fxmobile.TrainingModeError) as info:
-        capture(model)
+        captured(model)
     msg = str(info.value)
     assert "inner" in msg and "inner.lin" in msg and "model.eval()" in msg
     assert "pre" not in msg.split("submodules:")[1].split(")")[0].split(", ")
@@ -119,7 +118,7 @@ def test_eval_copy_optimizes_an_eval_copy_and_leaves_model_training() -> None:
 def test_capture_never_touches_the_model() -> None:
     model = Outer().eval()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    gm = capture(model, leaf_modules=[Branchy]).graph_module
+    gm = captured(model, leaf_modules=[Branchy]).graph_module
     with torch.no_grad():
         for p in gm.parameters():
             p.add_(1.0)
@@ -130,13 +129,13 @@ def test_capture_never_touches_the_model() -> None:
 @pytest.mark.parametrize("bad", [42, "resnet18", torch.randn(2)])
 def test_not_a_module_is_refused(bad: object) -> None:
     with pytest.raises(fxmobile.InvalidArgumentError, match=r"expected a torch\.nn\.Module"):
-        capture(bad)  # type: ignore[arg-type]
+        captured(bad)  # type: ignore[arg-type]
 
 
 def test_script_module_is_refused_with_pointer_to_script_stage() -> None:
     scripted = torch.jit.script(nn.Linear(2, 2).eval())
     with pytest.raises(fxmobile.InvalidArgumentError, match="optimize_for_mobile"):
-        capture(scripted)
+        captured(scripted)
 
 
 class ScaledBy(nn.Module):
@@ -145,6 +144,6 @@ class ScaledBy(nn.Module):
 
 
 def test_concrete_scalar_used_as_a_value_is_baked_in() -> None:
-    gm = capture(ScaledBy().eval(), concrete_args={"factor": 3.0}).graph_module
+    gm = captured(ScaledBy().eval(), concrete_args={"factor": 3.0}).graph_module
     x = torch.randn(4)
     torch.testing.assert_close(gm(x), x * 3.0)

@@ -130,7 +130,7 @@ def test_optimize_python_file_writes_a_lite_file_that_matches_eager(
     )
     assert code == 0, err
     assert "fxmobile report: Net for CPU" in stdout
-    assert "conv_bn_fusion" in stdout
+    assert "fold_batchnorm" in stdout
     assert "INPUT_NOT_CHANNELS_LAST" not in stdout  # the CPU default runs channels-last
     check = stdout.split("lite interpreter vs eager:")[1]
     assert "ok" in check.split("\n\n")[0] and "MISMATCH" not in stdout
@@ -178,7 +178,7 @@ def test_torchvision_model_with_randomized_batchnorm(
     payload = json.loads(stdout)
     report = payload["report"]
     assert report["model"] == "ResNet"
-    folds = [p for p in report["passes"] if p["name"] == "conv_bn_fusion" and p["stage"] == "fx"]
+    folds = [p for p in report["passes"] if p["name"] == "fold_batchnorm" and p["stage"] == "fx"]
     assert folds[0]["rewrites"] == 20
     assert report["ops_after"]["prepacked::conv2d_clamp_run"] == 20
     assert report["ops_after"]["prepacked::linear_clamp_run"] == 1
@@ -341,8 +341,20 @@ def test_numerics_failure_prints_the_report_then_exits_1(
     code, stdout, err = cli(capsys, *argv, "--tolerance", "0")  # BN folding rounds differently
     assert code == 1
     assert "fxmobile report: Net" in stdout and "MISMATCH" in stdout
-    assert err.startswith("fxmobile: error: numerics check failed: ")
-    assert f"{out} was written" in err and out.exists()
+    assert err.startswith("fxmobile: error: fxmobile's optimized Net does not match eager: ")
+    assert "the outputs first diverge after fx pass 'fold_batchnorm'" in err
+    assert not out.exists(), "the gate returns no module, so nothing is written"
+
+
+def test_check_warn_writes_the_file_and_warns(
+    model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "net.ptl"
+    argv = ["optimize", f"{model_file}:Net", "-o", out, "--input-shape", SHAPE, "--check", "warn"]
+    code, stdout, err = cli(capsys, *argv, "--tolerance", "0")
+    assert code == 0 and out.exists()
+    assert "MISMATCH" in stdout
+    assert "fxmobile: warning: numerics check failed: " in err
 
 
 # --- error paths --------------------------------------------------------------------------------

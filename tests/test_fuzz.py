@@ -44,10 +44,10 @@ from torch.utils import _pytree as pytree
 
 import fxmobile
 from fxmobile.backends.library import ExtensionUnavailableError
+from fxmobile.backends.xnnpack.fuse_add_relu import ALIASED, MIXED_DTYPES, READ_ELSEWHERE
 from fxmobile.passes.pipeline import fx_pipeline
 from fxmobile.report.records import PassRecord, Status
 from fxmobile.report.records import Stage as RecordStage
-from fxmobile.script.fuse_add_relu import ALIASED, MIXED_DTYPES, READ_ELSEWHERE
 from tests.fuzz.models import (
     PRODUCERS,
     Block,
@@ -117,7 +117,7 @@ STAGES = [
 # optimizer's own numerical check catching a miscomputation.
 NOT_REFUSALS: tuple[type[Exception], ...] = (
     fxmobile.PassError,
-    fxmobile.NumericsError,
+    fxmobile.NumericalMismatchError,
     ExtensionUnavailableError,
 )
 
@@ -539,7 +539,7 @@ def check_structure(
         f"{needed} BN calls that the outputs need normalize by batch statistics in eager, "
         f"{batch_stats} after optimizing (they must be left alone, pytorch/pytorch#71259)"
     )
-    if ran(report, "conv_bn_fusion"):
+    if ran(report, "fold_batchnorm"):
         must_fold = sum(foldable_into_producer(spec, b) for b in blocks)
         total = sum(_has_running_stats(b) for b in bns)
         assert running <= total - must_fold, (
@@ -789,7 +789,7 @@ def test_structure_checks_see_what_did_not_happen() -> None:
     bn = {"eps": 1e-5, "affine": True, "track_running_stats": True}
     dropout = {"fn": "Dropout", "p": 0.5, "inplace": False}
     cases = {
-        "conv_bn_fusion": (Block(Kind.BATCHNORM, "module", 1, y, bn), "must have folded"),
+        "fold_batchnorm": (Block(Kind.BATCHNORM, "module", 1, y, bn), "must have folded"),
         "decompose_batchnorm": (Block(Kind.BATCHNORM, "module", 1, y, bn), "BN calls left"),
         "remove_dropout": (Block(Kind.DROPOUT, "module", 1, y, dropout), "dropout module"),
         "fold_conv_arithmetic": (
@@ -945,7 +945,7 @@ def test_regression_channels_last_sees_writes_through_view_modules() -> None:
     model = InPlaceThroughFlattenModule().eval()
     x = torch.randn(1, 2, 3, 3)
     result = fxmobile.optimize_fx(model, x.clone(), channels_last=True)
-    assert result.report.record("channels_last").skips == {
+    assert result.report.record("to_channels_last").skips == {
         "input is written in place by forward": 1
     }
     assert_acts_like_eager(model, result.graph_module, x)
@@ -972,7 +972,7 @@ def test_regression_script_conv1d_is_not_moved_past_a_write_to_its_input() -> No
     model = InPlaceClampThenConv1d().eval()
     x = torch.rand(1, 1, 3)
     result = fxmobile.optimize(model, example_inputs=x, backend="CPU")
-    assert result.report.record("conv_1d_to_2d").skips == {"method writes tensors in place": 1}
+    assert result.report.record("conv1d_to_conv2d").skips == {"method writes tensors in place": 1}
     assert_equivalent(model, result.module, x)
 
 
@@ -1146,7 +1146,7 @@ def test_regression_write_through_flatten_of_a_conv_output(channels_last: bool) 
     assert result.report.numerics_passed
     assert_equivalent(model, result.module, x)
     if channels_last:
-        skips = result.report.record("channels_last").skips
+        skips = result.report.record("to_channels_last").skips
         assert skips == {
             "a value is written in place through a reshape (a copy once channels-last)": 1
         }

@@ -1,4 +1,4 @@
-"""Inlining standard leaf-module calls before scripting (``fxmobile.script.inline_modules``)."""
+"""Inlining standard leaf-module calls before scripting (``fxmobile.passes.inline_modules``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import torchvision
 from torch import fx, nn
 
-from fxmobile.script.inline_modules import INLINERS, inline_leaf_modules
+from fxmobile.passes.inline_modules import INLINERS, inline_leaf_modules
 from fxmobile.script.scripting import quietly_script
 from tests.helpers import count_calls
 
@@ -59,7 +59,7 @@ def test_every_inlined_kind_is_covered_here() -> None:
 def test_inlined_call_computes_what_the_module_did_bit_for_bit(kind: type[nn.Module]) -> None:
     module, shape = EVERY_KIND[kind]
     gm = fx.symbolic_trace(nn.Sequential(copy.deepcopy(module)).eval())
-    inlined, count = inline_leaf_modules(gm)
+    inlined, count, _ = inline_leaf_modules(gm)
     assert count == 1
     assert not [n for n in inlined.graph.nodes if n.op == "call_module"]
     assert not list(inlined.children()), "the inlined module is still held"
@@ -72,7 +72,7 @@ def test_inlined_call_computes_what_the_module_did_bit_for_bit(kind: type[nn.Mod
 
 def test_in_place_activation_stays_in_place() -> None:
     gm = fx.symbolic_trace(nn.Sequential(nn.ReLU(inplace=True)))
-    inlined, _ = inline_leaf_modules(gm)
+    inlined, _, _ = inline_leaf_modules(gm)
     x = torch.randn(4) - 0.5
     out = inlined(x)
     assert out is x and bool((x >= 0).all())
@@ -111,7 +111,7 @@ def test_what_a_function_cannot_say_stays_a_module_call() -> None:
     model = Mixed().eval()
     gm = fx.GraphModule(model, LeafSubclassTracer().trace(model))
     text = gm.code
-    inlined, count = inline_leaf_modules(gm)
+    inlined, count, _ = inline_leaf_modules(gm)
     assert count == 2, "only the two calls to self.conv"
     kept = {str(n.target) for n in inlined.graph.nodes if n.op == "call_module"}
     assert kept == {"reflect", "bn", "up", "pool", "custom"}
@@ -131,7 +131,7 @@ def test_calls_with_hooks_or_an_own_forward_stay_module_calls() -> None:
     patched.forward = lambda x: x  # type: ignore[method-assign]
     model = nn.Sequential(hooked, patched, plain).eval()
     gm = fx.symbolic_trace(model)
-    inlined, count = inline_leaf_modules(gm)
+    inlined, count, _ = inline_leaf_modules(gm)
     assert count == 1
     assert {str(n.target) for n in inlined.graph.nodes if n.op == "call_module"} == {"0", "1"}
     x = torch.randn(2, 3)
@@ -141,7 +141,7 @@ def test_calls_with_hooks_or_an_own_forward_stay_module_calls() -> None:
 
 def test_nothing_to_inline_returns_the_module_itself() -> None:
     gm = fx.symbolic_trace(nn.Sequential(nn.BatchNorm2d(3)))
-    assert inline_leaf_modules(gm) == (gm, 0)
+    assert inline_leaf_modules(gm)[:2] == (gm, 0)
 
 
 def test_hoisted_names_do_not_shadow_root_attributes() -> None:
@@ -155,7 +155,7 @@ def test_hoisted_names_do_not_shadow_root_attributes() -> None:
             return self.lin(x) + self.lin_weight
 
     model = Clash().eval()
-    inlined, _ = inline_leaf_modules(fx.symbolic_trace(model))
+    inlined, _, _ = inline_leaf_modules(fx.symbolic_trace(model))
     x = torch.randn(3, 2)
     with torch.no_grad():
         assert torch.equal(inlined(x), model(x))
@@ -164,7 +164,7 @@ def test_hoisted_names_do_not_shadow_root_attributes() -> None:
 def test_resnet_freezes_to_the_same_graph_as_with_module_calls() -> None:
     model = torchvision.models.resnet18().eval()
     gm = fx.symbolic_trace(model)
-    inlined, count = inline_leaf_modules(gm)
+    inlined, count, _ = inline_leaf_modules(gm)
     assert count == 20 + 17 + 1 + 1 + 1, "convs, relus, maxpool, avgpool, fc"
     with_modules, without = _freeze(gm), _freeze(inlined)
     kinds = [n.kind() for n in with_modules.graph.nodes()]

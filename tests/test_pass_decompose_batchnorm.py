@@ -11,10 +11,16 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from fxmobile.infra import PassResult
 from fxmobile.passes.decompose_batchnorm import DecomposeBatchNorm
-from fxmobile.passes.infra import PassResult
-from fxmobile.passes.manager import FxPassManager
-from tests.helpers import assert_equivalent, count_calls, count_modules, randomize_batchnorm
+from fxmobile.passes.stage import FxContext
+from tests.helpers import (
+    assert_equivalent,
+    count_calls,
+    count_modules,
+    randomize_batchnorm,
+    run_fx_passes,
+)
 
 C = 5
 BN_TYPES: dict[int, type[nn.modules.batchnorm._BatchNorm]] = {
@@ -28,11 +34,11 @@ def run(model: nn.Module, *inputs: torch.Tensor, shapes: bool) -> tuple[fx.Graph
     """Trace ``model`` and run the pass; through the manager with shapes when ``shapes``."""
     gm = fx.symbolic_trace(model)
     if not shapes:
-        result = DecomposeBatchNorm().call(gm)
+        result = DecomposeBatchNorm().call(gm, FxContext())
         gm.graph.lint()
         gm.recompile()
         return gm, result
-    gm, records = FxPassManager([DecomposeBatchNorm()], frozenset(), inputs).run(gm)
+    gm, records = run_fx_passes(gm, [DecomposeBatchNorm()], inputs)
     (record,) = records
     return gm, PassResult(gm, record.rewrites, record.skips)
 
@@ -239,7 +245,7 @@ def test_subclassed_batchnorm_is_not_a_candidate() -> None:
     tracer = fx.Tracer()
     tracer.is_leaf_module = lambda m, name: isinstance(m, MyBN)  # type: ignore[method-assign]
     gm = fx.GraphModule(model, tracer.trace(model))
-    result = DecomposeBatchNorm().call(gm)
+    result = DecomposeBatchNorm().call(gm, FxContext())
     assert (result.rewrites, result.skips) == (0, {})
 
 
@@ -263,7 +269,7 @@ def test_end_to_end_through_pass_manager() -> None:
     model = randomize_batchnorm(Net()).eval()
     reference, x = copy.deepcopy(model), torch.randn(4, 3, 8, 8)
     gm = fx.symbolic_trace(model)
-    gm, records = FxPassManager([DecomposeBatchNorm()], frozenset(), (x,)).run(gm)
+    gm, records = run_fx_passes(gm, [DecomposeBatchNorm()], (x,))
     assert [(r.name, r.rewrites, r.skips) for r in records] == [
         ("decompose_batchnorm", 2, {"BN has no running stats": 1})
     ]

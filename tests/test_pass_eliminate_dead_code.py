@@ -7,6 +7,7 @@ from torch import fx, nn
 
 import fxmobile
 from fxmobile.passes.eliminate_dead_code import EliminateDeadCode
+from fxmobile.passes.stage import FxContext
 from tests.helpers import assert_equivalent, count_calls
 
 
@@ -37,7 +38,7 @@ class Mutating(nn.Module):
 
 def _run(model: nn.Module) -> tuple[fx.GraphModule, int, dict[str, int]]:
     gm = fx.symbolic_trace(model)
-    result = EliminateDeadCode().call(gm)
+    result = EliminateDeadCode().call(gm, FxContext())
     gm.graph.lint()
     gm.recompile()
     return gm, result.rewrites, result.skips

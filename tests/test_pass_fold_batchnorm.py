@@ -12,10 +12,16 @@ import torch.nn.functional as F
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
+from fxmobile.infra import PassResult
 from fxmobile.passes.fold_batchnorm import FoldBatchNorm
-from fxmobile.passes.infra import PassResult
-from fxmobile.passes.manager import FxPassManager
-from tests.helpers import assert_equivalent, count_calls, count_modules, randomize_batchnorm
+from fxmobile.passes.stage import FxContext
+from tests.helpers import (
+    assert_equivalent,
+    count_calls,
+    count_modules,
+    randomize_batchnorm,
+    run_fx_passes,
+)
 
 CONVS = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
 CONV_TS = {1: nn.ConvTranspose1d, 2: nn.ConvTranspose2d, 3: nn.ConvTranspose3d}
@@ -45,7 +51,7 @@ def fold(
     gm = fx.GraphModule(model, LeafTracer(leaves).trace(model))
     if shapes and inputs:
         ShapeProp(gm).propagate(*inputs)
-    result = FoldBatchNorm().call(gm)
+    result = FoldBatchNorm().call(gm, FxContext())
     gm.graph.lint()
     gm.recompile()
     return gm, result
@@ -484,7 +490,7 @@ def test_shared_conv_is_never_mutated(bn_at_both: bool) -> None:
     assert isinstance(shared, nn.Conv2d)
     weight_before = shared.weight.detach().clone()
 
-    result = FoldBatchNorm().call(gm)
+    result = FoldBatchNorm().call(gm, FxContext())
     gm.recompile()
 
     assert (result.rewrites, result.skips) == (1 + bn_at_both, {})
@@ -546,7 +552,7 @@ def test_conv_reachable_through_an_aliased_parent_is_not_replaced_in_place() -> 
     weight_before = conv.weight.detach().clone()
     x = spatial_input(3, 2)
 
-    result = FoldBatchNorm().call(gm)
+    result = FoldBatchNorm().call(gm, FxContext())
     gm.recompile()
 
     assert result.rewrites == 1
@@ -664,7 +670,7 @@ class ResBlock(nn.Module):
 
 def _run_manager(model: nn.Module, x: torch.Tensor) -> tuple[fx.GraphModule, int, dict[str, int]]:
     gm = fx.symbolic_trace(copy.deepcopy(model))
-    gm, records = FxPassManager([FoldBatchNorm()], frozenset(), (x,)).run(gm)
+    gm, records = run_fx_passes(gm, [FoldBatchNorm()], (x,))
     (record,) = records
     return gm, record.rewrites, record.skips
 

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from fxmobile.infra import PassResult
 from fxmobile.passes.fold_constants import (
     INPLACE,
     RANDOM,
@@ -17,14 +18,13 @@ from fxmobile.passes.fold_constants import (
     UNINITIALIZED,
     FoldConstants,
 )
-from fxmobile.passes.infra import PassResult
-from fxmobile.passes.manager import FxPassManager
-from tests.helpers import assert_equivalent, count_calls, count_modules
+from fxmobile.passes.stage import FxContext
+from tests.helpers import assert_equivalent, count_calls, count_modules, run_fx_passes
 
 
 def _fold(model: nn.Module) -> tuple[fx.GraphModule, PassResult]:
     gm = fx.symbolic_trace(copy.deepcopy(model))
-    result = FoldConstants().call(gm)
+    result = FoldConstants().call(gm, FxContext())
     gm.graph.lint()
     gm.recompile()
     return gm, result
@@ -114,7 +114,7 @@ def test_factory_call_with_constant_args_is_folded() -> None:
 
     gm = _graph_module(build)
     x = torch.randn(2, 3)
-    result = FoldConstants().call(gm)
+    result = FoldConstants().call(gm, FxContext())
     gm.recompile()
     assert result.rewrites == 1
     assert count_calls(gm, torch.ones) == 0 and count_calls(gm, operator.mul) == 0
@@ -133,7 +133,7 @@ def test_random_and_uninitialized_factories_untouched(factory: object, reason: s
 
     gm = _graph_module(build)
     state = torch.get_rng_state()
-    result = FoldConstants().call(gm)
+    result = FoldConstants().call(gm, FxContext())
     assert result.rewrites == 0 and not result.modified
     assert result.skips == {reason: 1}
     assert count_calls(gm, factory) == 1
@@ -167,7 +167,7 @@ def test_random_ops_on_constants_untouched(kind: str) -> None:
         model.drop.train()
     gm = fx.symbolic_trace(copy.deepcopy(model))
     state = torch.get_rng_state()
-    result = FoldConstants().call(gm)
+    result = FoldConstants().call(gm, FxContext())
     gm.recompile()
     assert torch.equal(torch.get_rng_state(), state)
     assert result.rewrites == 1  # only w * 0.5
@@ -232,7 +232,7 @@ def test_running_stats_updated_in_forward_are_not_folded(functional: bool) -> No
     model = StatsUpdate(functional).train()
     copied = copy.deepcopy(model)
     gm = fx.GraphModule(copied, _BufferTracer().trace(copied))
-    result = FoldConstants().call(gm)
+    result = FoldConstants().call(gm, FxContext())
     gm.recompile()
     assert result.rewrites == 0
     assert count_calls(gm, operator.mul) == 1
@@ -277,7 +277,7 @@ def test_inplace_ops_and_what_they_mutate_untouched(kind: str) -> None:
     model = InplaceOnConstant(kind).eval()
     gm = fx.symbolic_trace(copy.deepcopy(model))
     code = gm.code
-    result = FoldConstants().call(gm)
+    result = FoldConstants().call(gm, FxContext())
     gm.recompile()
     assert result.rewrites == 0 and not result.modified
     assert gm.code == code
@@ -322,7 +322,7 @@ def test_opaque_module_is_not_evaluated_and_its_state_not_folded() -> None:
     model = UsesOpaque().eval()
     copied = copy.deepcopy(model)
     gm = fx.GraphModule(copied, _LeafTracer().trace(copied))
-    result = FoldConstants().call(gm)
+    result = FoldConstants().call(gm, FxContext())
     gm.recompile()
     assert result.skips["module not known to be pure"] == 1
     assert torch.equal(gm.get_parameter("leaf.p"), torch.ones(4))  # the leaf never ran
@@ -503,7 +503,7 @@ def test_graph_without_constants_unchanged() -> None:
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).eval()
     gm = fx.symbolic_trace(copy.deepcopy(model))
     code = gm.code
-    result = FoldConstants().call(gm)
+    result = FoldConstants().call(gm, FxContext())
     assert result.rewrites == 0 and not result.modified and result.skips == {}
     assert gm.code == code and count_modules(gm, nn.Conv2d) == 1
 
@@ -513,7 +513,7 @@ def test_end_to_end_through_the_pass_manager() -> None:
     model = ConvScaled().eval()
     x = torch.randn(1, 3, 8, 8)
     gm = fx.symbolic_trace(copy.deepcopy(model))
-    gm, records = FxPassManager([FoldConstants()], frozenset(), (x,)).run(gm)
+    gm, records = run_fx_passes(gm, [FoldConstants()], (x,))
     (record,) = records
     assert record.rewrites == 2 and record.skips == {}
     assert count_calls(gm, operator.mul) == 0

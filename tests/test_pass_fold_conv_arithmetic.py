@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from fxmobile.infra import PassResult
 from fxmobile.passes.fold_conv_arithmetic import FoldConvArithmetic
-from fxmobile.passes.infra import PassResult
-from fxmobile.passes.manager import FxPassManager
-from tests.helpers import assert_equivalent, count_calls, count_modules
+from fxmobile.passes.stage import FxContext
+from tests.helpers import assert_equivalent, count_calls, count_modules, run_fx_passes
 
 CONVS: dict[tuple[int, bool], type[nn.Module]] = {
     (1, False): nn.Conv1d,
@@ -61,11 +61,11 @@ def run(model: nn.Module, x: torch.Tensor | None = None) -> tuple[fx.GraphModule
     """Trace ``model`` and run the pass, with shapes from ``x`` when given."""
     gm = fx.symbolic_trace(model)
     if x is None:
-        result = FoldConvArithmetic().call(gm)
+        result = FoldConvArithmetic().call(gm, FxContext())
         gm.graph.lint()
         gm.recompile()
         return gm, result
-    gm, records = FxPassManager([FoldConvArithmetic()], frozenset(), (x,)).run(gm)
+    gm, records = run_fx_passes(gm, [FoldConvArithmetic()], (x,))
     (record,) = records
     return gm, PassResult(gm, record.rewrites, record.skips)
 
@@ -417,7 +417,7 @@ def test_end_to_end_through_pass_manager() -> None:
     model = Net().eval()
     reference, x = copy.deepcopy(model), x_for(2)
     gm = fx.symbolic_trace(model)
-    gm, records = FxPassManager([FoldConvArithmetic()], frozenset(), (x,)).run(gm)
+    gm, records = run_fx_passes(gm, [FoldConvArithmetic()], (x,))
     assert [(r.name, r.rewrites, r.skips) for r in records] == [("fold_conv_arithmetic", 4, {})]
     assert count_arith(gm) == 0
     assert count_modules(gm, nn.ConvTranspose2d) == 1 and count_modules(gm, nn.Linear) == 1

@@ -8,12 +8,13 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from fxmobile.passes.remove_dropout import DROPOUT_FUNCTIONS, DROPOUT_MODULES, RemoveDropout
+from fxmobile.passes.stage import FxContext
 from tests.helpers import assert_equivalent, count_calls, count_modules
 
 
 def _run(model: nn.Module) -> tuple[fx.GraphModule, int, dict[str, int]]:
     gm = fx.symbolic_trace(model)
-    result = RemoveDropout().call(gm)
+    result = RemoveDropout().call(gm, FxContext())
     gm.graph.lint()
     gm.recompile()
     return gm, result.rewrites, result.skips
@@ -115,5 +116,5 @@ def test_dropout_module_with_p_zero_in_training_mode_is_removed() -> None:
 
 def test_nothing_to_do_reports_unmodified() -> None:
     gm = fx.symbolic_trace(nn.Sequential(nn.Linear(2, 2)).eval())
-    result = RemoveDropout().call(gm)
+    result = RemoveDropout().call(gm, FxContext())
     assert result.rewrites == 0 and not result.modified and result.skips == {}

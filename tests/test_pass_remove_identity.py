@@ -10,6 +10,7 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from fxmobile.passes.remove_identity import RemoveIdentity
+from fxmobile.passes.stage import FxContext
 from tests.helpers import assert_equivalent, count_calls, count_modules
 
 
@@ -29,7 +30,7 @@ def _run(model: nn.Module, *example: torch.Tensor) -> tuple[fx.GraphModule, int,
     gm = fx.symbolic_trace(model)
     if example:
         ShapeProp(gm).propagate(*example)
-    result = RemoveIdentity().call(gm)
+    result = RemoveIdentity().call(gm, FxContext())
     gm.graph.lint()
     gm.recompile()
     return gm, result.rewrites, result.skips

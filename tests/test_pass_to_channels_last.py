@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
-from fxmobile.passes.infra import PassResult
-from fxmobile.passes.manager import FxPassManager
+from fxmobile.infra import PassResult
+from fxmobile.passes.stage import FxContext
 from fxmobile.passes.to_channels_last import (
     BREAKS,
     NO_SHAPES,
@@ -19,7 +19,13 @@ from fxmobile.passes.to_channels_last import (
     UNCHECKED,
     ToChannelsLast,
 )
-from tests.helpers import assert_equivalent, count_calls, count_modules, randomize_batchnorm
+from tests.helpers import (
+    assert_equivalent,
+    count_calls,
+    count_modules,
+    randomize_batchnorm,
+    run_fx_passes,
+)
 
 CL = torch.channels_last
 
@@ -28,7 +34,7 @@ def _run(model: nn.Module, *inputs: torch.Tensor) -> tuple[fx.GraphModule, PassR
     gm = fx.symbolic_trace(copy.deepcopy(model))
     if inputs:
         ShapeProp(gm).propagate(*inputs)
-    result = ToChannelsLast().call(gm)
+    result = ToChannelsLast().call(gm, FxContext())
     gm.graph.lint()
     gm.recompile()
     return gm, result
@@ -96,7 +102,7 @@ def test_new_parameters_leave_the_old_ones_and_keep_ties() -> None:
     gm = fx.symbolic_trace(model)  # shares the modules: the pass must not write to `conv.weight`
     old = conv.weight
     ShapeProp(gm).propagate(x)
-    result = ToChannelsLast().call(gm)
+    result = ToChannelsLast().call(gm, FxContext())
     gm.recompile()
     assert result.rewrites == 1 + 1 + 1  # entry, the one (tied) weight, output restore
     new = _weight(gm, "0")
@@ -129,7 +135,7 @@ def test_constants_in_arithmetic_and_functional_conv_weights() -> None:
     copied = copy.deepcopy(model)
     gm = fx.GraphModule(copied, _BufferTracer().trace(copied))
     ShapeProp(gm).propagate(x)
-    result = ToChannelsLast().call(gm)
+    result = ToChannelsLast().call(gm, FxContext())
     gm.recompile()
     assert _entries(gm) == 1
     # entry + conv.weight + pos + gain + w + output restore
@@ -222,7 +228,7 @@ def test_view_that_would_break_declines_and_undoes_everything() -> None:
     gm = fx.symbolic_trace(copy.deepcopy(model))
     ShapeProp(gm).propagate(x)
     code, weight = gm.code, _weight(gm, "conv")
-    result = ToChannelsLast().call(gm)
+    result = ToChannelsLast().call(gm, FxContext())
     gm.graph.lint()
     gm.recompile()
     assert result.rewrites == 0 and result.skips == {BREAKS: 1}
@@ -263,7 +269,7 @@ def test_graph_that_cannot_be_checked_is_left_alone() -> None:
     gm = fx.symbolic_trace(copy.deepcopy(model))
     ShapeProp(gm).propagate(x)
     code = gm.code
-    result = ToChannelsLast().call(gm)
+    result = ToChannelsLast().call(gm, FxContext())
     gm.recompile()
     assert result.rewrites == 0 and result.skips == {UNCHECKED: 1}
     assert gm.code == code and _weight(gm, "conv").is_contiguous()
@@ -275,7 +281,7 @@ def test_end_to_end_through_the_pass_manager() -> None:
     model = randomize_batchnorm(ConvNet(nn.Conv2d, 2)).eval()
     x = torch.randn(1, 3, 16, 16)
     gm = fx.symbolic_trace(copy.deepcopy(model))
-    gm, records = FxPassManager([ToChannelsLast()], frozenset(), (x,)).run(gm)
+    gm, records = run_fx_passes(gm, [ToChannelsLast()], (x,))
     (record,) = records
     assert record.rewrites == 4 and record.skips == {}
     assert record.param_bytes_after == record.param_bytes_before

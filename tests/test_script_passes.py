@@ -11,24 +11,23 @@ import torch.nn.functional as F
 import torch.utils.bundled_inputs
 from torch import nn
 
-from fxmobile.capture import capture
-from fxmobile.script.canonicalize import Canonicalize
-from fxmobile.script.conv1d_to_conv2d import Conv1dToConv2d
-from fxmobile.script.fold_conv_batchnorm import FoldConvBatchNorm
-from fxmobile.script.freezing import Freeze, bundled_inputs_attributes, freeze
-from fxmobile.script.fuse_add_relu import FuseAddRelu
-from fxmobile.script.fuse_linear import FuseLinear
-from fxmobile.script.graph_utils import count_kinds, iter_nodes, op_histogram
-from fxmobile.script.hoist_conv_packed_params import (
+from fxmobile.backends.xnnpack.conv1d_to_conv2d import Conv1dToConv2d
+from fxmobile.backends.xnnpack.fuse_add_relu import FuseAddRelu
+from fxmobile.backends.xnnpack.hoist_conv_packed_params import (
     PREFIX,
     HoistConvPackedParams,
     hoist_packed_params,
 )
-from fxmobile.script.infra import ScriptContext
+from fxmobile.script.canonicalize import Canonicalize
+from fxmobile.script.fold_conv_batchnorm import FoldConvBatchNorm
+from fxmobile.script.freeze import Freeze, bundled_inputs_attributes, freeze
+from fxmobile.script.fuse_linear import FuseLinear
+from fxmobile.script.graph_utils import count_kinds, iter_nodes, op_histogram
 from fxmobile.script.jit_passes import jit
-from fxmobile.script.remove_dropout import RemoveDropoutScript
+from fxmobile.script.remove_dropout import RemoveDropout
 from fxmobile.script.scripting import quietly_script, to_torchscript
-from tests.helpers import assert_equivalent, randomize_batchnorm
+from fxmobile.script.stage import ScriptContext
+from tests.helpers import assert_equivalent, captured, randomize_batchnorm
 
 CTX = ScriptContext(("forward",), ())
 
@@ -46,9 +45,9 @@ def test_conv1d_becomes_conv2d() -> None:
     model = nn.Sequential(nn.Conv1d(3, 6, 3, stride=2, padding=1, dilation=2), nn.ReLU()).eval()
     result = Conv1dToConv2d().call(frozen(model), CTX)
     assert result.rewrites == 1
-    assert count_kinds(result.module, ["forward"], {"aten::conv1d"}) == 0
-    assert count_kinds(result.module, ["forward"], {"aten::conv2d"}) == 1
-    assert_equivalent(model, result.module, torch.randn(2, 3, 17))
+    assert count_kinds(result.unit, ["forward"], {"aten::conv1d"}) == 0
+    assert count_kinds(result.unit, ["forward"], {"aten::conv2d"}) == 1
+    assert_equivalent(model, result.unit, torch.randn(2, 3, 17))
 
 
 def test_scripted_conv_bn_is_folded_before_freezing() -> None:
@@ -56,8 +55,8 @@ def test_scripted_conv_bn_is_folded_before_freezing() -> None:
     model.eval()
     result = FoldConvBatchNorm().call(scripted(model), CTX)
     assert result.rewrites == 1
-    assert count_kinds(result.module, ["forward"], {"aten::batch_norm"}) == 0
-    assert_equivalent(model, result.module, torch.randn(1, 3, 8, 8))
+    assert count_kinds(result.unit, ["forward"], {"aten::batch_norm"}) == 0
+    assert_equivalent(model, result.unit, torch.randn(1, 3, 8, 8))
 
 
 class AddmmLinear(nn.Module):
@@ -75,8 +74,8 @@ def test_addmm_and_matmul_become_linear() -> None:
     module = frozen(model)
     result = FuseLinear().call(module, CTX)
     assert result.rewrites == 2
-    assert count_kinds(result.module, ["forward"], {"aten::addmm", "aten::matmul"}) == 0
-    assert_equivalent(model, result.module, torch.randn(3, 4))
+    assert count_kinds(result.unit, ["forward"], {"aten::addmm", "aten::matmul"}) == 0
+    assert_equivalent(model, result.unit, torch.randn(3, 4))
 
 
 class AddRelu(nn.Module):
@@ -91,8 +90,8 @@ def test_add_relu_fused() -> None:
     module = frozen(model)
     result = FuseAddRelu().call(module, CTX)
     assert result.rewrites == 2
-    assert count_kinds(result.module, ["forward"], {"aten::relu", "aten::relu_"}) == 0
-    assert_equivalent(model, result.module, torch.randn(4), torch.randn(4))
+    assert count_kinds(result.unit, ["forward"], {"aten::relu", "aten::relu_"}) == 0
+    assert_equivalent(model, result.unit, torch.randn(4), torch.randn(4))
 
 
 class Dropouts(nn.Module):
@@ -102,9 +101,9 @@ class Dropouts(nn.Module):
 
 def test_dropout_with_constant_false_removed_only() -> None:
     module = frozen(Dropouts())
-    result = RemoveDropoutScript().call(module, CTX)
+    result = RemoveDropout().call(module, CTX)
     assert result.rewrites == 1
-    assert count_kinds(result.module, ["forward"], {"aten::dropout"}) == 1
+    assert count_kinds(result.unit, ["forward"], {"aten::dropout"}) == 1
 
 
 def test_canonicalize_removes_common_subexpressions() -> None:
@@ -121,7 +120,7 @@ def test_canonicalize_removes_common_subexpressions() -> None:
     mul.replaceInput(0, twin)
     result = Canonicalize().call(module, CTX)
     assert result.rewrites == 1
-    assert count_kinds(result.module, ["forward"], {"aten::sin"}) == 1
+    assert count_kinds(result.unit, ["forward"], {"aten::sin"}) == 1
 
 
 class WithExport(nn.Module):
@@ -141,9 +140,9 @@ def test_freeze_keeps_preserved_methods_and_inlines_submodules() -> None:
     module = scripted(WithExport())
     result = Freeze().call(module, ScriptContext(("forward", "twice"), ("twice",)))
     assert result.rewrites == 1  # the Linear submodule was inlined away
-    assert result.module._c._has_method("twice")
+    assert result.unit._c._has_method("twice")
     x = torch.randn(2, 3)
-    torch.testing.assert_close(result.module.twice(x), module.twice(x))
+    torch.testing.assert_close(result.unit.twice(x), module.twice(x))
 
 
 def test_bundled_inputs_attributes_match_upstream() -> None:
@@ -206,8 +205,8 @@ def test_quantized_conv_packed_params_hoisted_with_upstream_names() -> None:
     jit._jit_pass_inline(fresh.graph)
     result = HoistConvPackedParams().call(fresh, CTX)
     assert result.rewrites == 2
-    assert not list(result.module.children())  # freezing afterwards dropped the convs
-    assert torch.equal(result.module(x), model(x))
+    assert not list(result.unit.children())  # freezing afterwards dropped the convs
+    assert torch.equal(result.unit(x), model(x))
 
 
 class AnnotatedReturn(nn.Module):
@@ -222,7 +221,7 @@ class AnnotatedReturn(nn.Module):
 
 
 def test_scripting_drops_the_return_annotation_fx_copied() -> None:
-    gm = capture(AnnotatedReturn().eval()).graph_module  # also resolves string annotations
+    gm = captured(AnnotatedReturn().eval()).graph_module  # also resolves string annotations
     module, note = to_torchscript(gm, None)
     assert note is None
     x = torch.randn(2, 3)
@@ -275,5 +274,5 @@ def test_conv1d_with_string_padding_is_left_alone() -> None:
     model = nn.Sequential(nn.Conv1d(2, 1, 1, padding="same"), nn.ReLU()).eval()
     result = Conv1dToConv2d().call(frozen(model), CTX)
     assert result.rewrites == 0 and result.skips == {"conv1d with string padding": 1}
-    Canonicalize().call(result.module, CTX)
-    assert_equivalent(model, result.module, torch.randn(1, 2, 3))
+    Canonicalize().call(result.unit, CTX)
+    assert_equivalent(model, result.unit, torch.randn(1, 2, 3))

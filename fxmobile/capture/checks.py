@@ -10,15 +10,27 @@ from __future__ import annotations
 import copy
 import difflib
 import inspect
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from fxmobile.errors import InvalidArgumentError, InvalidValueError, TrainingModeError
+from fxmobile.options import LeafSpec, Options
 
-LeafSpec = type[nn.Module] | nn.Module | str
+
+def admit(model: object, options: Options, *, needs_forward: bool = True) -> list[str]:
+    """Every refusal of an eager model, checked once at the door; the submodules in training
+    mode (refused unless ``options.eval_copy``)."""
+    check_module(model)
+    assert isinstance(model, nn.Module)
+    if needs_forward:
+        require_forward(model)
+    training = require_eval(model, options.eval_copy)
+    check_concrete_args(model, options.concrete_args)
+    resolve_leaves(model, options.leaf_modules)
+    return training
 
 
 def training_submodules(model: nn.Module) -> list[str]:
@@ -66,15 +78,11 @@ def _forward_parameters(model: nn.Module) -> list[inspect.Parameter] | None:
         return None
 
 
-def check_concrete_args(model: nn.Module, concrete_args: object) -> None:
+def check_concrete_args(model: nn.Module, concrete_args: Mapping[str, Any] | None) -> None:
+    """Every key names a parameter of ``model.forward`` (a close match is suggested)."""
     if concrete_args is None:
         return
     name = type(model).__name__
-    if not isinstance(concrete_args, dict):
-        raise InvalidArgumentError(
-            f"concrete_args must be a dict from {name}.forward's parameter names to values, "
-            f"got {type(concrete_args).__name__}; e.g. concrete_args={{'flag': True}}"
-        )
     params = _forward_parameters(model)
     if params is None or any(p.kind is p.VAR_KEYWORD for p in params):
         return
@@ -202,29 +210,17 @@ def check_tensors(model: nn.Module) -> None:
 def resolve_leaves(
     model: nn.Module, leaf_modules: Iterable[LeafSpec]
 ) -> tuple[tuple[type[nn.Module], ...], set[str]]:
+    """The leaf classes, and the qualified names of the leaf submodules, of ``model``.
+
+    ``leaf_modules`` items are of the right kinds (``fxmobile.options`` checked them); here each
+    instance and name must be one of ``model``'s submodules.
+    """
     paths_of = {id(m): name for name, m in model.named_modules()}
     known = set(paths_of.values())
     types: list[type[nn.Module]] = []
     paths: set[str] = set()
-    if isinstance(leaf_modules, str | type | nn.Module):
-        shown = leaf_modules.__name__ if isinstance(leaf_modules, type) else repr(leaf_modules)
-        if isinstance(leaf_modules, nn.Module):
-            shown = f"model.{paths_of[id(leaf_modules)]}" if id(leaf_modules) in paths_of else "m"
-        raise InvalidArgumentError(
-            f"leaf_modules must be a list of module classes, submodules or qualified names, "
-            f"got the single value {shown}; wrap it: leaf_modules=[{shown}]"
-        )
-    try:
-        specs = list(leaf_modules)
-    except TypeError:
-        raise InvalidArgumentError(
-            f"leaf_modules must be a list of module classes, submodules or qualified names, "
-            f"got {type(leaf_modules).__name__}"
-        ) from None
-    for spec in specs:
-        if isinstance(spec, type) and issubclass(spec, nn.Module):
-            types.append(spec)
-        elif isinstance(spec, nn.Module):
+    for spec in leaf_modules:
+        if isinstance(spec, nn.Module):
             if id(spec) not in paths_of:
                 raise InvalidArgumentError(
                     f"leaf module {type(spec).__name__} instance is not a submodule of "
@@ -241,10 +237,7 @@ def resolve_leaves(
                 )
             paths.add(spec)
         else:
-            raise InvalidArgumentError(
-                f"leaf_modules items must be nn.Module classes, submodules or qualified names, "
-                f"got {spec!r}"
-            )
+            types.append(spec)
     return tuple(types), paths
 
 

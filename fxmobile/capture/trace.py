@@ -19,27 +19,13 @@ import operator
 import os
 import traceback
 import typing
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import fx, nn
 
-from fxmobile.capture.checks import (
-    LeafSpec,
-    check_concrete_args,
-    check_module,
-    check_tensors,
-    deep_copy,
-    eager_arguments,
-    exported_methods,
-    has_forward,
-    require_eval,
-    require_forward,
-    resolve_leaves,
-    training_submodules,
-)
+from fxmobile.capture.checks import deep_copy, resolve_leaves, training_submodules
 from fxmobile.capture.mutation import (
     GraphWrite,
     StateChange,
@@ -51,21 +37,9 @@ from fxmobile.capture.mutation import (
     owner_name,
 )
 from fxmobile.errors import CaptureError, InvalidValueError
+from fxmobile.options import Options
 
-__all__ = [  # the checks are re-exported: callers import them from here
-    "Capture",
-    "LeafSpec",
-    "capture",
-    "check_module",
-    "check_tensors",
-    "deep_copy",
-    "eager_arguments",
-    "exported_methods",
-    "has_forward",
-    "require_eval",
-    "require_forward",
-    "training_submodules",
-]
+__all__ = ["Capture", "capture"]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _FXMOBILE_DIR = os.path.dirname(os.path.dirname(__file__))
@@ -126,27 +100,17 @@ class _Tracer(fx.Tracer):
             raise
 
 
-def capture(
-    model: nn.Module,
-    *,
-    leaf_modules: Iterable[LeafSpec] = (),
-    concrete_args: dict[str, Any] | None = None,
-    auto_leaf: bool = False,
-    eval_copy: bool = False,
-) -> Capture:
-    """Trace a deep copy of ``model`` with ``torch.fx``.
+def capture(model: nn.Module, options: Options) -> Capture:
+    """Trace a deep copy of ``model`` with ``torch.fx``; ``model`` has passed ``admit``.
 
-    ``leaf_modules`` takes module classes, submodule instances of ``model`` or qualified names;
-    those are kept as opaque calls. ``eval_copy`` puts the copy (never ``model``) in eval mode
-    instead of refusing a model that is still training.
+    ``options.leaf_modules`` (classes, submodule instances of ``model`` or qualified names) are
+    kept as opaque calls; ``options.eval_copy`` puts the copy (never ``model``) in eval mode.
     """
-    check_module(model)
-    require_forward(model)
-    training = require_eval(model, eval_copy)
-    check_concrete_args(model, concrete_args)
     notes: list[str] = []
-    leaf_types, leaf_paths = resolve_leaves(model, leaf_modules)
+    leaf_types, leaf_paths = resolve_leaves(model, options.leaf_modules)
+    concrete_args = dict(options.concrete_args) if options.concrete_args else None
     copied = deep_copy(model)
+    training = training_submodules(copied)
     if training:
         copied.eval()
         notes.append(f"put fxmobile's copy in eval mode ({len(training)} modules were training)")
@@ -160,11 +124,11 @@ def capture(
             break
         except Exception as exc:
             path = tracer.failed_path
-            if auto_leaf and path and path not in leaf_paths:
+            if options.auto_leaf and path and path not in leaf_paths:
                 leaf_paths.add(path)
                 auto_leaves.append(path)
                 continue
-            raise _capture_error(copied, path, exc, auto_leaf) from exc
+            raise _capture_error(copied, path, exc, options.auto_leaf) from exc
     changes = before.changes(copied, fx_constants(graph))
     writes = [replace(w, attribute=owner_name(copied, w.attribute)) for w in graph_writes(graph)]
     if changes or writes:

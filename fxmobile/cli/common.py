@@ -16,7 +16,7 @@ from typing import TextIO
 from tabulate import tabulate
 
 from fxmobile.errors import FxMobileError
-from fxmobile.options import MobileOptimizerType
+from fxmobile.options import MobileOptimizerType, member_named
 
 # --format value -> tabulate format
 TABLE_FORMATS = {"table": "simple", "markdown": "github"}
@@ -58,12 +58,11 @@ def positive_int(text: str) -> int:
 
 
 def blocklist_member(text: str) -> MobileOptimizerType:
-    """A ``MobileOptimizerType`` member by name, case-insensitive, ``-`` read as ``_``."""
-    key = text.strip().upper().replace("-", "_")
-    if key in MobileOptimizerType.__members__:
-        return MobileOptimizerType[key]
-    valid = ", ".join(m.name.lower() for m in MobileOptimizerType)
-    raise argparse.ArgumentTypeError(f"{text!r} is not an optimization; valid names: {valid}")
+    """A ``MobileOptimizerType`` member by name (``fxmobile.options.member_named``)."""
+    try:
+        return member_named(text)
+    except KeyError as exc:
+        raise argparse.ArgumentTypeError(str(exc.args[0])) from None
 
 
 def table(
@@ -103,6 +102,9 @@ class Console:
     def progress(self, text: str) -> None:
         print(text, file=self.err if self.json else self.out, flush=True)
 
+    def warn(self, text: str) -> None:
+        print(f"fxmobile: warning: {text}", file=self.err, flush=True)
+
 
 @contextlib.contextmanager
 def quiet_deprecations() -> Iterator[None]:
@@ -110,12 +112,3 @@ def quiet_deprecations() -> Iterator[None]:
         for message in _DEPRECATIONS:
             warnings.filterwarnings("ignore", message=message)
         yield
-
-
-def human_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB"):
-        if size < 1024:
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GiB"

@@ -21,8 +21,9 @@ from typing import Any
 import torch
 import torch.jit.mobile
 
-from fxmobile.cli.common import Console, human_bytes, table
+from fxmobile.cli.common import Console, table
 from fxmobile.cli.script_files import has_bytecode, load_lite, load_script_module
+from fxmobile.report.render import format_bytes
 from fxmobile.script.graph_utils import iter_nodes, op_histogram, unfused_ops
 from fxmobile.script.jit_passes import jit
 
@@ -150,7 +151,7 @@ def _lite_operators(path: Path) -> tuple[list[str] | None, str | None]:
 
 def _render(found: Inspection, fmt: str, every_context: bool) -> str:
     parts = [
-        f"{found.file}: {human_bytes(found.file_bytes)}, model {found.model}, "
+        f"{found.file}: {format_bytes(found.file_bytes)}, model {found.model}, "
         f"methods {', '.join(found.methods)}",
         "markers: "
         + ", ".join(

@@ -33,6 +33,7 @@ from torch import nn
 
 from fxmobile.cli.common import CliError
 from fxmobile.cli.script_files import load_script_module
+from fxmobile.verify import randomize_batchnorm_statistics
 
 SPEC_FORMS = "torchvision:NAME, path/to/file.py:ClassName, or a saved TorchScript file (.pt/.ptl)"
 SEED = 0
@@ -136,22 +137,16 @@ def _torchvision_weights(torchvision: ModuleType, name: str, weights: str | None
 
 
 def _randomize_statistics(model: nn.Module, shape: tuple[int, ...]) -> None:
-    """A few training-mode forwards on shifted, scaled noise (batch 2), then eval; in place."""
-    batch = (2, *shape[1:])
-    with torch.random.fork_rng(), torch.no_grad():
-        torch.manual_seed(SEED)
-        model.train()
-        try:
-            for _ in range(_BN_FORWARDS):
-                model(torch.randn(batch) * 1.5 + 0.3)
-        except Exception as exc:
-            first = (str(exc).strip().splitlines() or [""])[0]
-            shown = ",".join(map(str, shape))
-            raise CliError(
-                f"{type(model).__name__} does not run on input {shown} ({type(exc).__name__}: "
-                f"{first}); pass an --input-shape it accepts"
-            ) from exc
-    model.eval()
+    """``randomize_batchnorm_statistics`` with the seed, or a CliError naming the shape."""
+    try:
+        randomize_batchnorm_statistics(model, shape, SEED, _BN_FORWARDS)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        shown = ",".join(map(str, shape))
+        raise CliError(
+            f"{type(model).__name__} does not run on input {shown} ({type(exc).__name__}: "
+            f"{first}); pass an --input-shape it accepts"
+        ) from exc
 
 
 def _python_model(path: Path, attr: str, shapes: list[tuple[int, ...]]) -> LoadedModel:

@@ -20,16 +20,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from fxmobile.api import optimize
 from fxmobile.cli.common import CliError, Console, blocklist_member, input_shape, positive_int
 from fxmobile.cli.models import SPEC_FORMS, LoadedModel, load_model
-from fxmobile.cli.optimize_output import Outcome, render
+from fxmobile.cli.optimize_output import Outcome, render, render_report
 from fxmobile.cli.script_files import load_lite
-from fxmobile.errors import NumericsError
-from fxmobile.mobile import optimize
-from fxmobile.report.numerics import DEFAULT_TOLERANCE, compare_outputs, run_model
-from fxmobile.report.timing import interleaved_medians
-
-BACKENDS = ("cpu", "vulkan", "metal")
+from fxmobile.errors import NumericalMismatchError
+from fxmobile.options import DEFAULT_TOLERANCE, Backend, Check
+from fxmobile.timing import interleaved_medians
+from fxmobile.verify import compare_outputs, run_model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,8 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend",
         type=str.lower,
-        choices=BACKENDS,
-        default="cpu",
+        choices=[b.value for b in Backend],
+        default=Backend.CPU.value,
         help="the mobile runtime to optimize for (default cpu: XNNPACK prepacked ops)",
     )
     parser.add_argument(
@@ -86,6 +85,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="max error relative to the eager output's largest magnitude (default %(default)g)",
     )
     parser.add_argument(
+        "--check",
+        type=str.lower,
+        choices=[c.value for c in Check],
+        default=Check.RAISE.value,
+        help="when an output differs from eager beyond --tolerance: raise (exit 1, no file "
+        "written; the default), warn (write the file anyway) or off (do not run the model)",
+    )
+    parser.add_argument(
         "--format",
         choices=("table", "markdown", "json"),
         default="table",
@@ -116,15 +123,20 @@ def run(args: argparse.Namespace) -> int:
     console.progress(f"optimizing {args.spec} for {args.backend} ({shapes})")
 
     start = time.perf_counter()
-    result = optimize(
-        loaded.model,
-        args.blocklist,
-        args.preserve or None,
-        args.backend,
-        example_inputs=loaded.inputs,
-        channels_last=args.channels_last,
-        tolerance=args.tolerance,
-    )
+    try:
+        result = optimize(
+            loaded.model,
+            args.blocklist,
+            args.preserve or None,
+            Backend(args.backend),
+            example_inputs=loaded.inputs,
+            channels_last=args.channels_last,
+            tolerance=args.tolerance,
+            check=args.check,
+        )
+    except NumericalMismatchError as exc:
+        console.result(render_report(exc.report, args.format))
+        raise
     seconds = time.perf_counter() - start
     scripted = isinstance(loaded.model, torch.jit.ScriptModule)
     reference = "original TorchScript" if scripted else "eager"
@@ -138,10 +150,14 @@ def run(args: argparse.Namespace) -> int:
     _collect_failures(outcome)
 
     console.result(render(outcome, args.format))
-    if outcome.failures:
+    if outcome.failures and Check(args.check) is Check.WARN:
+        for failure in outcome.failures:
+            console.warn(f"numerics check failed: {failure} (--check warn: kept {args.output})")
+    elif outcome.failures:
         failures = "; ".join(outcome.failures)
-        raise NumericsError(
-            f"numerics check failed: {failures}; {args.output} was written for a look"
+        raise NumericalMismatchError(
+            f"numerics check failed: {failures}; {args.output} was written for a look",
+            result.report,
         )
     return 0
 

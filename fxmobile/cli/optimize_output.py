@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fxmobile.cli.common import TABLE_FORMATS, human_bytes, table
-from fxmobile.mobile import MobileResult
-from fxmobile.report import OutputCheck
-from fxmobile.report.render import numerics_table
-from fxmobile.report.timing import Timing
+from fxmobile.api import MobileResult
+from fxmobile.cli.common import TABLE_FORMATS, table
+from fxmobile.report import OutputCheck, Report
+from fxmobile.report.render import format_bytes, numerics_table
+from fxmobile.timing import Timing
 
 
 @dataclass
@@ -31,13 +31,23 @@ class Outcome:
     failures: list[str] = field(default_factory=list)
 
 
+def render_report(report: Report, fmt: str) -> str:
+    """The report alone (what is printed when the numerical check stops the command)."""
+    if fmt == "json":
+        return json.dumps({"report": report.to_dict()}, indent=2)
+    return str(report) if fmt == "table" else report.to_markdown()
+
+
 def render(outcome: Outcome, fmt: str) -> str:
+    """Everything the command found: the report, the file, its check and its latency."""
     if fmt == "json":
         return json.dumps(_to_dict(outcome), indent=2)
     report = outcome.result.report
-    parts = [str(report) if fmt == "table" else report.to_markdown()]
-    size = human_bytes(outcome.output.stat().st_size)
-    parts.append(f"optimized in {outcome.seconds:.1f} s; saved {outcome.output} ({size})")
+    parts = [render_report(report, fmt)]
+    size = format_bytes(outcome.output.stat().st_size)
+    checked = f", checked in {report.check_seconds:.1f} s" if report.check_seconds else ""
+    optimized = report.optimize_seconds or outcome.seconds
+    parts.append(f"optimized in {optimized:.1f} s{checked}; saved {outcome.output} ({size})")
     versus = f"lite interpreter vs {outcome.reference}"
     if outcome.lite_checks is not None:
         parts.append(f"{versus}:\n" + numerics_table(outcome.lite_checks, TABLE_FORMATS[fmt]))

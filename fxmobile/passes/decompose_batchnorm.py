@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.graph_utils import (
     add_constant,
@@ -52,7 +53,7 @@ from fxmobile.passes.graph_utils import (
     replace_node,
     tensor_meta,
 )
-from fxmobile.passes.infra import FxPass, PassResult, Skips
+from fxmobile.passes.stage import FxContext, FxPass
 
 # module type -> the input rank it accepts, when there is only one
 BATCHNORM_MODULES: dict[type[nn.Module], int | None] = {
@@ -223,11 +224,11 @@ def decompose(gm: fx.GraphModule, match: BatchNormMatch, buffers: BufferCache) -
 
 
 class DecomposeBatchNorm(FxPass):
-    optimization: ClassVar[MobileOptimizerType] = MobileOptimizerType.DECOMPOSE_BATCHNORM
+    optimization = MobileOptimizerType.DECOMPOSE_BATCHNORM
     summary: ClassVar[str] = "BatchNorm(x) (eval, not folded) -> x * s + t"
     needs_shapes: ClassVar[bool] = True
 
-    def call(self, gm: fx.GraphModule) -> PassResult:
+    def call(self, gm: fx.GraphModule, ctx: FxContext) -> PassResult[fx.GraphModule]:
         rewrites, skips = 0, Skips()
         buffers: BufferCache = {}
         for node in list(gm.graph.nodes):

@@ -14,16 +14,17 @@ from typing import ClassVar
 
 from torch import fx
 
+from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.graph_utils import erase_unused_attributes, is_pure
-from fxmobile.passes.infra import FxPass, PassResult, Skips
+from fxmobile.passes.stage import FxContext, FxPass
 
 
 class EliminateDeadCode(FxPass):
-    optimization: ClassVar[MobileOptimizerType] = MobileOptimizerType.ELIMINATE_DEAD_CODE
+    optimization = MobileOptimizerType.ELIMINATE_DEAD_CODE
     summary: ClassVar[str] = "unused pure nodes, submodules and tensors -> removed"
 
-    def call(self, gm: fx.GraphModule) -> PassResult:
+    def call(self, gm: fx.GraphModule, ctx: FxContext) -> PassResult[fx.GraphModule]:
         rewrites, skips = 0, Skips()
         # Walk backwards so a chain of dead nodes goes in one sweep.
         for node in reversed(list(gm.graph.nodes)):

@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.affine_fold import (
     PRODUCER_TYPES,
@@ -63,7 +64,7 @@ from fxmobile.passes.graph_utils import (
     replace_node,
     tensor_meta,
 )
-from fxmobile.passes.infra import FxPass, PassResult, Skips
+from fxmobile.passes.stage import FxContext, FxPass
 
 # BatchNorm module -> the input ranks its forward accepts (None: any rank >= 2).
 BATCHNORM_MODULES: dict[type[nn.Module], frozenset[int] | None] = {
@@ -402,12 +403,12 @@ def fold(gm: fx.GraphModule, match: Match) -> None:
 
 
 class FoldBatchNorm(FxPass):
-    optimization: ClassVar[MobileOptimizerType] = MobileOptimizerType.CONV_BN_FUSION
+    optimization = MobileOptimizerType.CONV_BN_FUSION
     summary: ClassVar[str] = "BatchNorm(conv/conv_transpose/linear(x)) -> conv'/linear'(x)"
     needs_shapes: ClassVar[bool] = True
     keeps_shapes: ClassVar[bool] = True
 
-    def call(self, gm: fx.GraphModule) -> PassResult:
+    def call(self, gm: fx.GraphModule, ctx: FxContext) -> PassResult[fx.GraphModule]:
         rewrites, skips = 0, Skips()
         for node in list(gm.graph.nodes):
             match = can_fold(gm, node)

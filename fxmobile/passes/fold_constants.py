@@ -62,6 +62,7 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.graph_utils import (
     add_constant,
@@ -71,8 +72,8 @@ from fxmobile.passes.graph_utils import (
     is_pure,
     module_of,
 )
-from fxmobile.passes.infra import FxPass, PassResult, Skips
 from fxmobile.passes.remove_dropout import DROPOUT_FUNCTIONS
+from fxmobile.passes.stage import FxContext, FxPass
 
 GROWTH_FACTOR = 4
 GROWTH_MIN_BYTES = 1 << 20
@@ -256,10 +257,10 @@ def why_not_foldable(node: fx.Node, value: Any, input_nbytes: int) -> str | None
 
 
 class FoldConstants(FxPass):
-    optimization: ClassVar[MobileOptimizerType] = MobileOptimizerType.FOLD_CONSTANTS
+    optimization = MobileOptimizerType.FOLD_CONSTANTS
     summary: ClassVar[str] = "f(self.w, self.b, 2.0) -> self._folded_i (computed once)"
 
-    def call(self, gm: fx.GraphModule) -> PassResult:
+    def call(self, gm: fx.GraphModule, ctx: FxContext) -> PassResult[fx.GraphModule]:
         skips = Skips()
         values, writers = _evaluate_constants(gm, skips)
         _drop_mutated(gm, values, writers, skips)

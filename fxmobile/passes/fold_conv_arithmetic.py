@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
+from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.affine_fold import (
     PRODUCER_TYPES,
@@ -56,7 +57,7 @@ from fxmobile.passes.graph_utils import (
     module_of,
     tensor_meta,
 )
-from fxmobile.passes.infra import FxPass, PassResult, Skips
+from fxmobile.passes.stage import FxContext, FxPass
 
 
 class Arith(enum.Enum):
@@ -353,11 +354,11 @@ def fold_steps(gm: fx.GraphModule, p: Producer, steps: list[Step]) -> None:
 
 
 class FoldConvArithmetic(FxPass):
-    optimization: ClassVar[MobileOptimizerType] = MobileOptimizerType.FOLD_CONV_ARITHMETIC
+    optimization = MobileOptimizerType.FOLD_CONV_ARITHMETIC
     summary: ClassVar[str] = "conv(x) +-*/ per-channel constant -> conv'(x) with W', b' folded"
     needs_shapes: ClassVar[bool] = True
 
-    def call(self, gm: fx.GraphModule) -> PassResult:
+    def call(self, gm: fx.GraphModule, ctx: FxContext) -> PassResult[fx.GraphModule]:
         rewrites, skips = 0, Skips()
         for node in list(gm.graph.nodes):
             producer = match_producer(gm, node)

@@ -2,10 +2,11 @@
 
 Removals first (so folding sees producers and their consumers directly), then constant folding
 (a weight computed from parameters becomes a plain attribute that later folds can use), then
-BatchNorm folding
-into producers; a BatchNorm that could not fold becomes ``x * s + t``, which constant-arithmetic
-folding can still push into a producer (a Linear followed by BatchNorm1d ends up fully folded);
-dead code last. Channels-last is opt-in and runs after everything that rewrites weights.
+BatchNorm folding into producers; a BatchNorm that could not fold becomes ``x * s + t``, which
+constant-arithmetic folding can still push into a producer (a Linear followed by BatchNorm1d
+ends up fully folded); dead code after that. Channels-last runs after everything that rewrites
+weights (on for the CPU backend of ``optimize``, opt-in elsewhere), and when the graph is to be
+scripted, leaf-module inlining comes last.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from fxmobile.passes.eliminate_dead_code import EliminateDeadCode
 from fxmobile.passes.fold_batchnorm import FoldBatchNorm
 from fxmobile.passes.fold_constants import FoldConstants
 from fxmobile.passes.fold_conv_arithmetic import FoldConvArithmetic
-from fxmobile.passes.infra import FxPass
+from fxmobile.passes.inline_modules import InlineModules
 from fxmobile.passes.remove_dropout import RemoveDropout
 from fxmobile.passes.remove_identity import RemoveIdentity
+from fxmobile.passes.stage import FxPass
 from fxmobile.passes.to_channels_last import ToChannelsLast
 
 DEFAULT_FX_PASSES: tuple[type[FxPass], ...] = (
@@ -31,9 +33,11 @@ DEFAULT_FX_PASSES: tuple[type[FxPass], ...] = (
 )
 
 
-def fx_pipeline(*, channels_last: bool = False) -> tuple[FxPass, ...]:
-    """Fresh instances of the default passes, plus the opt-in ones asked for."""
+def fx_pipeline(*, channels_last: bool = False, for_script: bool = False) -> tuple[FxPass, ...]:
+    """Fresh instances of the default passes, plus channels-last and inlining when asked for."""
     passes: list[FxPass] = [cls() for cls in DEFAULT_FX_PASSES]
     if channels_last:
         passes.append(ToChannelsLast())
+    if for_script:
+        passes.append(InlineModules())
     return tuple(passes)

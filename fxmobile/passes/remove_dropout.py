@@ -26,9 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.graph_utils import erase_unused_attributes, module_of, replace_node
-from fxmobile.passes.infra import FxPass, PassResult, Skips
+from fxmobile.passes.stage import FxContext, FxPass
 
 DROPOUT_MODULES: tuple[type[nn.Module], ...] = (
     nn.Dropout,
@@ -66,11 +67,11 @@ def _never_drops(p: Any) -> bool:
 
 
 class RemoveDropout(FxPass):
-    optimization: ClassVar[MobileOptimizerType] = MobileOptimizerType.REMOVE_DROPOUT
+    optimization = MobileOptimizerType.REMOVE_DROPOUT
     summary: ClassVar[str] = "Dropout*(x) / F.dropout*(x, training=False) / p=0 -> x"
     keeps_shapes: ClassVar[bool] = True
 
-    def call(self, gm: fx.GraphModule) -> PassResult:
+    def call(self, gm: fx.GraphModule, ctx: FxContext) -> PassResult[fx.GraphModule]:
         rewrites, skips = 0, Skips()
         for node in list(gm.graph.nodes):
             if node.op == "call_module":

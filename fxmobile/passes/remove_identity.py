@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import torch
 from torch import fx, nn
 
+from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.graph_utils import (
     erase_unused_attributes,
@@ -29,7 +30,7 @@ from fxmobile.passes.graph_utils import (
     tensor_meta,
     written_in_place,
 )
-from fxmobile.passes.infra import FxPass, PassResult, Skips
+from fxmobile.passes.stage import FxContext, FxPass
 
 # target -> (neutral element, whether the neutral element may come first)
 _FUNCTIONS: dict[Any, tuple[int, bool]] = {
@@ -91,12 +92,12 @@ def _is_scalar(value: object, neutral: int) -> bool:
 
 
 class RemoveIdentity(FxPass):
-    optimization: ClassVar[MobileOptimizerType] = MobileOptimizerType.REMOVE_IDENTITY
+    optimization = MobileOptimizerType.REMOVE_IDENTITY
     summary: ClassVar[str] = "Identity(x), x+0, x-0, x*1, x/1 -> x"
     needs_shapes: ClassVar[bool] = True
     keeps_shapes: ClassVar[bool] = True
 
-    def call(self, gm: fx.GraphModule) -> PassResult:
+    def call(self, gm: fx.GraphModule, ctx: FxContext) -> PassResult[fx.GraphModule]:
         rewrites, skips = 0, Skips()
         for node in list(gm.graph.nodes):
             if node.op == "call_module" and type(module_of(gm, node)) is nn.Identity:

@@ -61,9 +61,10 @@ from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.shape_prop import TensorMetadata
 
+from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.graph_utils import attr_of, module_of, tensor_meta, written_in_place
-from fxmobile.passes.infra import FxPass, PassResult, Skips
+from fxmobile.passes.stage import FxContext, FxPass
 
 CL = torch.channels_last
 CONV_MODULES: tuple[type[nn.Module], ...] = (nn.Conv2d, nn.ConvTranspose2d)
@@ -233,13 +234,13 @@ def _channels_last_copy(t: torch.Tensor) -> torch.Tensor:
 
 
 class ToChannelsLast(FxPass):
-    optimization: ClassVar[MobileOptimizerType] = MobileOptimizerType.CHANNELS_LAST
+    optimization = MobileOptimizerType.CHANNELS_LAST
     summary: ClassVar[str] = (
         "4-D input x -> x.contiguous(memory_format=channels_last); conv weights channels-last"
     )
     needs_shapes: ClassVar[bool] = True
 
-    def call(self, gm: fx.GraphModule) -> PassResult:
+    def call(self, gm: fx.GraphModule, ctx: FxContext) -> PassResult[fx.GraphModule]:
         skips = Skips()
         plan = _plan(gm, skips)
         if not plan.inputs:

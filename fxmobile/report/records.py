@@ -29,6 +29,7 @@ class PassRecord:
     name: str
     stage: Stage
     status: Status
+    member: str | None = None  # the MobileOptimizerType member that switches it off, if any
     rewrites: int = 0
     skips: dict[str, int] = field(default_factory=dict)
     nodes_before: int = 0
@@ -46,6 +47,7 @@ class PassRecord:
             "name": self.name,
             "stage": self.stage.value,
             "status": self.status.value,
+            "member": self.member,
             "rewrites": self.rewrites,
             "skips": dict(self.skips),
             "nodes_before": self.nodes_before,
@@ -108,6 +110,8 @@ class Report:
     _file_bytes: int | None = field(default=None, repr=False)
     _file_size: Callable[[], int] | None = field(default=None, repr=False, compare=False)
     lints: list[dict[str, str]] | None = None  # generate_mobile_module_lints of the result
+    optimize_seconds: float | None = None  # the passes, scripting and freezing
+    check_seconds: float | None = None  # eager's reference run and the optimized module's run
 
     @property
     def file_bytes(self) -> int | None:
@@ -155,6 +159,8 @@ class Report:
             "unfused_ops": self.unfused_ops,
             "file_bytes": self.file_bytes,
             "lints": self.lints,
+            "optimize_seconds": self.optimize_seconds,
+            "check_seconds": self.check_seconds,
         }
 
     def to_markdown(self) -> str:

@@ -7,7 +7,8 @@ from tabulate import tabulate
 from fxmobile.report.records import OutputCheck, PassRecord, Report, Status
 
 
-def _bytes(n: int) -> str:
+def format_bytes(n: int) -> str:
+    """``1536`` -> ``1.5 KiB``: bytes in the largest unit that keeps the number under 1024."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -22,16 +23,18 @@ def _skips(rec: PassRecord) -> str:
 def _pass_rows(report: Report) -> list[list[object]]:
     rows: list[list[object]] = []
     for rec in report.passes:
+        member = rec.member or "—"
         if rec.status is Status.BLOCKLISTED:
-            rows.append([rec.stage.value, rec.name, "blocklisted", "", "", "", ""])
+            rows.append([rec.stage.value, rec.name, member, "blocklisted", "", "", "", ""])
             continue
         rows.append(
             [
                 rec.stage.value,
                 rec.name,
+                member,
                 rec.rewrites,
                 f"{rec.nodes_before} → {rec.nodes_after}",
-                f"{_bytes(rec.param_bytes_before)} → {_bytes(rec.param_bytes_after)}",
+                f"{format_bytes(rec.param_bytes_before)} → {format_bytes(rec.param_bytes_after)}",
                 f"{rec.seconds * 1000:.1f}",
                 _skips(rec),
             ]
@@ -56,6 +59,7 @@ def render(report: Report, fmt: str) -> str:
             headers=[
                 "stage",
                 "pass",
+                "blocklist member",
                 "rewrites",
                 "nodes",
                 "params",
@@ -77,7 +81,7 @@ def render(report: Report, fmt: str) -> str:
             tabulate(rows, headers=["lint", "message"], tablefmt=fmt, maxcolwidths=[None, 90])
         )
     if report.file_bytes is not None:
-        parts.append(f"lite-interpreter file: {_bytes(report.file_bytes)}")
+        parts.append(f"lite-interpreter file: {format_bytes(report.file_bytes)}")
     parts.extend(f"note: {note}" for note in report.notes)
     return "\n\n".join(parts)
 

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import torch
 
+from fxmobile.infra import PassResult
 from fxmobile.script.graph_utils import method_graphs, node_count
-from fxmobile.script.infra import ScriptContext, ScriptPass, ScriptPassResult
 from fxmobile.script.jit_passes import jit
+from fxmobile.script.stage import ScriptContext, ScriptPass
 
 
 class Canonicalize(ScriptPass):
     optimization = None
-    pass_name = "canonicalize"
     summary = "dead code, common subexpressions, peephole, constants -> removed or folded"
 
-    def call(self, module: torch.jit.ScriptModule, ctx: ScriptContext) -> ScriptPassResult:
+    def call(
+        self, module: torch.jit.ScriptModule, ctx: ScriptContext
+    ) -> PassResult[torch.jit.ScriptModule]:
         before = node_count(module, ctx.methods)
         for graph in method_graphs(module, ctx.methods):
             jit._jit_pass_dce(graph)
@@ -27,4 +29,4 @@ class Canonicalize(ScriptPass):
             jit._jit_pass_constant_propagation(graph)
             jit._jit_pass_constant_pooling(graph)
             jit._jit_pass_dce(graph)
-        return ScriptPassResult(module, max(before - node_count(module, ctx.methods), 0))
+        return PassResult(module, max(before - node_count(module, ctx.methods), 0))

@@ -16,10 +16,11 @@ from collections.abc import Sequence
 
 import torch
 
+from fxmobile.infra import PassResult
 from fxmobile.options import MobileOptimizerType
 from fxmobile.script.graph_utils import iter_nodes
-from fxmobile.script.infra import ScriptContext, ScriptPass, ScriptPassResult
 from fxmobile.script.jit_passes import jit
+from fxmobile.script.stage import ScriptContext, ScriptPass
 
 
 def _access_path(value: torch._C.Value) -> str:
@@ -44,7 +45,9 @@ class FoldConvBatchNorm(ScriptPass):
     optimization = MobileOptimizerType.CONV_BN_FUSION
     summary = "Conv2d/3d -> BatchNorm (scripted) -> Conv with folded weight and bias"
 
-    def call(self, module: torch.jit.ScriptModule, ctx: ScriptContext) -> ScriptPassResult:
+    def call(
+        self, module: torch.jit.ScriptModule, ctx: ScriptContext
+    ) -> PassResult[torch.jit.ScriptModule]:
         before = batchnorms_called(module, ctx.methods)
         folded = torch.jit._recursive.wrap_cpp_module(jit._jit_pass_fold_convbn(module._c))
-        return ScriptPassResult(folded, len(before - batchnorms_called(folded, ctx.methods)))
+        return PassResult(folded, len(before - batchnorms_called(folded, ctx.methods)))

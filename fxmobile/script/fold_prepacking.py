@@ -11,13 +11,14 @@ computed from the input) is left in place and reported: it repacks on every call
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
-from fxmobile.passes.infra import Skips
+from fxmobile.infra import PassResult, Skips
+from fxmobile.options import MobileOptimizerType
 from fxmobile.script.graph_utils import iter_nodes
-from fxmobile.script.infra import ScriptContext, ScriptPass, ScriptPassResult
+from fxmobile.script.stage import ScriptContext, ScriptPass
 
 ATTR_PREFIX = "prepack_folding"
 
@@ -31,7 +32,7 @@ def _constant_value(value: torch._C.Value) -> tuple[bool, Any]:
 
 def fold_prepack_calls(
     module: torch.jit.ScriptModule, ctx: ScriptContext, prepack_kinds: frozenset[str]
-) -> ScriptPassResult:
+) -> PassResult[torch.jit.ScriptModule]:
     """Fold every constant-input call of an op in ``prepack_kinds`` into a module attribute."""
     folded, skips = 0, Skips()
     for method in ctx.methods:
@@ -62,15 +63,22 @@ def fold_prepack_calls(
             node.output().replaceAllUsesWith(get.output())
             node.destroy()
             folded += 1
-    return ScriptPassResult(module, folded, dict(skips))
+    return PassResult(module, folded, dict(skips))
 
 
 class FoldPrepacking(ScriptPass):
-    """Fold the prepack calls of one backend; subclasses name its prepack op kinds."""
+    """Fold the calls of one backend's prepack ops (``prepack_kinds``)."""
 
-    prepack_kinds: ClassVar[frozenset[str]]
-    pass_name = "fold_prepacking"
     summary = "prepack(constant W, b, ...) -> packed context attribute (prim::GetAttr)"
 
-    def call(self, module: torch.jit.ScriptModule, ctx: ScriptContext) -> ScriptPassResult:
+    def __init__(
+        self, prepack_kinds: frozenset[str], optimization: MobileOptimizerType | None
+    ) -> None:
+        self.prepack_kinds = prepack_kinds
+        self.optimization = optimization
+
+    def call(
+        self, module: torch.jit.ScriptModule, ctx: ScriptContext
+    ) -> PassResult[torch.jit.ScriptModule]:
+        """Fold every prepack call whose inputs are all constants."""
         return fold_prepack_calls(module, ctx, self.prepack_kinds)

@@ -18,14 +18,17 @@ would clamp the other runs too). Each backend says which of its ops take a clamp
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
-from fxmobile.passes.infra import Skips
+from fxmobile.infra import PassResult, Skips
+from fxmobile.options import MobileOptimizerType
 from fxmobile.script.graph_utils import iter_nodes
-from fxmobile.script.infra import ScriptContext, ScriptPass, ScriptPassResult
+from fxmobile.script.insert_prepacked_ops import Prepack
+from fxmobile.script.stage import ScriptContext, ScriptPass
 
 _NO_BOUND = object()
 
@@ -37,6 +40,12 @@ class ClampSlots:
     prepack_kind: str
     min_index: int
     max_index: int
+
+
+def clamp_slots(table: Sequence[Prepack]) -> dict[str, ClampSlots]:
+    """The slots of a backend whose prepack ops take the bounds last, after the aten op's
+    arguments (XNNPACK and Metal, as ``insert_prepacked_ops`` inserts them)."""
+    return {e.run: ClampSlots(e.prepack, len(e.order), len(e.order) + 1) for e in table}
 
 
 def _const(value: torch._C.Value) -> Any:
@@ -74,13 +83,21 @@ def activation_bounds(node: torch._C.Node) -> tuple[Any, Any] | str | None:
 
 
 class FuseClamp(ScriptPass):
-    """Subclasses set ``slots``: run op kind -> where its prepack op takes the bounds."""
+    """Fuses into the run ops ``slots`` names: run op kind -> where its prepack op takes the
+    bounds (a backend's table)."""
 
-    slots: ClassVar[dict[str, ClampSlots]]
-    pass_name = "fuse_clamp"
     summary = "run(x, prepack(..)) -> relu/relu6/hardtanh/clamp -> run with bounds in prepack"
 
-    def call(self, module: torch.jit.ScriptModule, ctx: ScriptContext) -> ScriptPassResult:
+    def __init__(
+        self, slots: Mapping[str, ClampSlots], optimization: MobileOptimizerType | None
+    ) -> None:
+        self.slots = dict(slots)
+        self.optimization = optimization
+
+    def call(
+        self, module: torch.jit.ScriptModule, ctx: ScriptContext
+    ) -> PassResult[torch.jit.ScriptModule]:
+        """Fuse every clamping activation that follows a run op of the table."""
         fused, skips = 0, Skips()
         for method in ctx.methods:
             graph = module._c._get_method(method).graph
@@ -93,7 +110,7 @@ class FuseClamp(ScriptPass):
                     fused += 1
                 if reason:
                     skips.add(reason)
-        return ScriptPassResult(module, fused, dict(skips))
+        return PassResult(module, fused, dict(skips))
 
     @staticmethod
     def _fuse(graph: torch._C.Graph, run: torch._C.Node, slots: ClampSlots) -> str | None:

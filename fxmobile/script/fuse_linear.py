@@ -20,8 +20,8 @@ import torch
 
 from fxmobile.options import MobileOptimizerType
 from fxmobile.script.graph_utils import iter_nodes, method_graphs
-from fxmobile.script.infra import CountingScriptPass, ScriptContext
 from fxmobile.script.jit_passes import jit
+from fxmobile.script.stage import CountingScriptPass, ScriptContext
 
 
 def _constant(value: torch._C.Value) -> Any:
@@ -84,12 +84,14 @@ def _fuse(graph: torch._C.Graph, kinds: set[str]) -> None:
 
 class FuseLinear(CountingScriptPass):
     optimization = MobileOptimizerType.INSERT_FOLD_PREPACK_OPS
-    pass_name = "fuse_linear"
     summary = "addmm / matmul (+ add) -> aten::linear"
     created = frozenset({"aten::linear"})
 
-    def rewrite(self, module: torch.jit.ScriptModule, ctx: ScriptContext) -> torch.jit.ScriptModule:
+    def rewrite(
+        self, module: torch.jit.ScriptModule, ctx: ScriptContext
+    ) -> tuple[torch.jit.ScriptModule, dict[str, int]]:
+        """torch's linear recovery, then the constant-weight forms; nothing is declined."""
         for graph in method_graphs(module, ctx.methods):
             jit._jit_pass_fuse_linear(graph)
             fuse_constant_linears(graph)
-        return module
+        return module, {}

@@ -18,9 +18,10 @@ from functools import cache
 
 import torch
 
+from fxmobile.infra import PassResult
 from fxmobile.script.graph_utils import iter_nodes, method_graphs
-from fxmobile.script.infra import ScriptContext, ScriptPass, ScriptPassResult
 from fxmobile.script.jit_passes import jit
+from fxmobile.script.stage import ScriptContext, ScriptPass
 
 
 @cache
@@ -47,10 +48,11 @@ def mutating_kinds(module: torch.jit.ScriptModule, methods: Sequence[str]) -> Co
 
 class RemoveMutation(ScriptPass):
     optimization = None  # upstream's GPU pipelines cannot switch it off
-    pass_name = "remove_mutation"
     summary = "aten::relu_ / add_ / ... -> aten::relu / add / ... where no alias observes it"
 
-    def call(self, module: torch.jit.ScriptModule, ctx: ScriptContext) -> ScriptPassResult:
+    def call(
+        self, module: torch.jit.ScriptModule, ctx: ScriptContext
+    ) -> PassResult[torch.jit.ScriptModule]:
         before = mutating_kinds(module, ctx.methods)
         for graph in method_graphs(module, ctx.methods):
             jit._jit_pass_remove_mutation(graph)
@@ -59,4 +61,4 @@ class RemoveMutation(ScriptPass):
             f"{kind} kept: torch cannot prove no alias observes the write": n
             for kind, n in after.items()
         }
-        return ScriptPassResult(module, max(before.total() - after.total(), 0), skips)
+        return PassResult(module, max(before.total() - after.total(), 0), skips)

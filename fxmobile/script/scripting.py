@@ -7,9 +7,9 @@ inception_v3 annotate a namedtuple and return a tensor): the annotation is dropp
 TorchScript infers the return type. When scripting still fails and example inputs were given,
 the module is traced instead and the report says so.
 
-Calls to standard leaf modules (convs, linears, activations, pools) are written out as the
-functions their ``forward`` calls first (``fxmobile.script.inline_modules``): TorchScript then
-compiles one method instead of one type per submodule, and freezing has nothing to inline.
+The FX stage's last pass (``fxmobile.passes.inline_modules``) has written calls to standard leaf
+modules out as the functions their ``forward`` calls: TorchScript then compiles one method
+instead of one type per submodule, and freezing has nothing to inline.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import torch
 from torch import fx
 
 from fxmobile.errors import ScriptingError
-from fxmobile.script.inline_modules import inline_leaf_modules
 
 
 def quietly_script(module: torch.nn.Module) -> torch.jit.ScriptModule:
@@ -55,7 +54,6 @@ def to_torchscript(
     gm: fx.GraphModule, example_inputs: tuple[Any, ...] | None
 ) -> tuple[torch.jit.ScriptModule, str | None]:
     """A ``ScriptModule`` for ``gm``, and a note when it had to be traced instead of scripted."""
-    gm, _ = inline_leaf_modules(gm)
     _drop_return_annotation(gm)
     try:
         return quietly_script(gm), None

@@ -14,46 +14,43 @@ that follows an eval-mode dropout fuses too.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
-from fxmobile.backends.metal.insert_prepacked_ops import PREPACK_KINDS, InsertMetalOps
-from fxmobile.options import MobileOptimizerType
+from fxmobile.backends.library import OpFamily
+from fxmobile.backends.spec import BackendSpec
 from fxmobile.script.canonicalize import Canonicalize
 from fxmobile.script.fold_conv_batchnorm import FoldConvBatchNorm
 from fxmobile.script.fold_prepacking import FoldPrepacking
-from fxmobile.script.freezing import Freeze
-from fxmobile.script.fuse_clamp import ClampSlots, FuseClamp
+from fxmobile.script.freeze import Freeze
+from fxmobile.script.fuse_clamp import FuseClamp, clamp_slots
 from fxmobile.script.fuse_linear import FuseLinear
-from fxmobile.script.infra import ScriptPass
-from fxmobile.script.remove_dropout import RemoveDropoutScript
+from fxmobile.script.insert_prepacked_ops import InsertPrepackedOps, Prepack
+from fxmobile.script.remove_dropout import RemoveDropout
 from fxmobile.script.remove_mutation import RemoveMutation
+from fxmobile.script.stage import ScriptPass
 
-MARKERS = {"optimized_for_metal": True}
-HONOURS: frozenset[MobileOptimizerType] = frozenset()
-
-
-class FuseMetalClamp(FuseClamp):
-    optimization = None
-    slots: ClassVar[dict[str, ClampSlots]] = {
-        "metal_prepack::linear_run": ClampSlots("metal_prepack::linear_prepack", 2, 3),
-        "metal_prepack::conv2d_run": ClampSlots("metal_prepack::conv2d_prepack", 6, 7),
-    }
-
-
-class FoldMetalPrepacking(FoldPrepacking):
-    optimization = None
-    prepack_kinds = PREPACK_KINDS
+# Unlike Vulkan's, Metal's linear context takes the weight as nn.Linear holds it,
+# (out_features, in_features).
+PREPACK = (
+    Prepack("aten::linear", "metal_prepack::linear_prepack", "metal_prepack::linear_run",
+            (1, 2), 2),
+    Prepack("aten::conv2d", "metal_prepack::conv2d_prepack", "metal_prepack::conv2d_run",
+            (1, 2, 3, 4, 5, 6), 4),
+)  # fmt: skip
 
 
 def passes() -> tuple[ScriptPass, ...]:
+    """Fresh instances of the Metal pipeline's passes, in order (none can be blocklisted)."""
+    insert = InsertPrepackedOps(PREPACK, None)
     return (
         FoldConvBatchNorm(),
         Freeze(),
-        RemoveDropoutScript(),
+        RemoveDropout(),
         FuseLinear(),  # upstream runs it inside its linear insertion
-        InsertMetalOps(),
-        FuseMetalClamp(),
-        FoldMetalPrepacking(),
+        insert,
+        FuseClamp(clamp_slots(PREPACK), None),
+        FoldPrepacking(insert.prepack_kinds, None),
         RemoveMutation(),
         Canonicalize(),
     )
+
+
+SPEC = BackendSpec(OpFamily.METAL, passes, {"optimized_for_metal": True}, honours=frozenset())

@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
+from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
-from fxmobile.passes.infra import Skips
-from fxmobile.script.infra import ScriptContext, ScriptPass, ScriptPassResult
+from fxmobile.script.stage import ScriptContext, ScriptPass
 
 MARK = "requires_backend_transfers"
 GPU = torch.device("vulkan")
@@ -109,10 +109,11 @@ def _move_outputs(graph: torch._C.Graph, skips: Skips) -> int:
 
 class InsertGpuTransfers(ScriptPass):
     optimization = MobileOptimizerType.VULKAN_AUTOMATIC_GPU_TRANSFER
-    pass_name = "gpu_transfer"
     summary = "tensor inputs -> aten::to(x, 'vulkan'); tensor outputs -> aten::to(y, 'cpu')"
 
-    def call(self, module: torch.jit.ScriptModule, ctx: ScriptContext) -> ScriptPassResult:
+    def call(
+        self, module: torch.jit.ScriptModule, ctx: ScriptContext
+    ) -> PassResult[torch.jit.ScriptModule]:
         moved, skips = 0, Skips()
         for method in ctx.methods:
             graph = module._c._get_method(method).graph
@@ -121,4 +122,4 @@ class InsertGpuTransfers(ScriptPass):
             module._c.setattr(MARK, False)
         else:
             module._c._register_attribute(MARK, torch._C.BoolType.get(), False)
-        return ScriptPassResult(module, moved, dict(skips))
+        return PassResult(module, moved, dict(skips))

@@ -38,9 +38,9 @@ from typing import Any
 
 import torch
 
-from fxmobile.passes.infra import Skips
+from fxmobile.infra import PassResult, Skips
 from fxmobile.script.graph_utils import iter_nodes
-from fxmobile.script.infra import ScriptContext, ScriptPass, ScriptPassResult
+from fxmobile.script.stage import ScriptContext, ScriptPass
 
 Node = torch._C.Node
 Graph = torch._C.Graph
@@ -296,13 +296,14 @@ def can_rewrite(node: Node) -> str | None:
 
 class InsertVulkanOps(ScriptPass):
     optimization = None  # upstream's Vulkan pipeline cannot switch it off
-    pass_name = "insert_vulkan_ops"
     summary = (
         "aten::linear / layer_norm / conv1d / conv2d / conv_transpose2d / gru / lstm / "
         "batch_norm -> vulkan_prepack::create_*_context + run_*_context"
     )
 
-    def call(self, module: torch.jit.ScriptModule, ctx: ScriptContext) -> ScriptPassResult:
+    def call(
+        self, module: torch.jit.ScriptModule, ctx: ScriptContext
+    ) -> PassResult[torch.jit.ScriptModule]:
         rewrites, skips = 0, Skips()
         for method in ctx.methods:
             graph = module._c._get_method(method).graph
@@ -314,4 +315,4 @@ class InsertVulkanOps(ScriptPass):
                     continue
                 rewrite(graph, node)
                 rewrites += 1
-        return ScriptPassResult(module, rewrites, dict(skips))
+        return PassResult(module, rewrites, dict(skips))

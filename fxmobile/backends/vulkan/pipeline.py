@@ -21,50 +21,46 @@ whatever the blocklist says. Differences from upstream, each on purpose:
 
 from __future__ import annotations
 
-from typing import ClassVar
-
+from fxmobile.backends.library import OpFamily
+from fxmobile.backends.spec import BackendSpec
 from fxmobile.backends.vulkan.insert_gpu_transfers import InsertGpuTransfers
 from fxmobile.backends.vulkan.insert_prepacked_ops import CREATE_KINDS, InsertVulkanOps
 from fxmobile.options import MobileOptimizerType
 from fxmobile.script.canonicalize import Canonicalize
 from fxmobile.script.fold_conv_batchnorm import FoldConvBatchNorm
 from fxmobile.script.fold_prepacking import FoldPrepacking
-from fxmobile.script.freezing import Freeze
+from fxmobile.script.freeze import Freeze
 from fxmobile.script.fuse_clamp import ClampSlots, FuseClamp
 from fxmobile.script.fuse_linear import FuseLinear
-from fxmobile.script.infra import ScriptPass
-from fxmobile.script.remove_dropout import RemoveDropoutScript
+from fxmobile.script.remove_dropout import RemoveDropout
 from fxmobile.script.remove_mutation import RemoveMutation
+from fxmobile.script.stage import ScriptPass
 
-MARKERS = {"optimized_for_vulkan": True}
-HONOURS = frozenset({MobileOptimizerType.VULKAN_AUTOMATIC_GPU_TRANSFER})
-
-
-class FuseVulkanClamp(FuseClamp):
-    optimization = None  # upstream's Vulkan pipeline cannot switch it off
-    # upstream fuses into conv2d only (create_conv2d_context's output_min, output_max)
-    slots: ClassVar[dict[str, ClampSlots]] = {
-        "vulkan_prepack::run_conv2d_context": ClampSlots(
-            "vulkan_prepack::create_conv2d_context", 6, 7
-        ),
-    }
-
-
-class FoldVulkanPrepacking(FoldPrepacking):
-    optimization = None
-    prepack_kinds = CREATE_KINDS
+# upstream fuses into conv2d only (create_conv2d_context's output_min, output_max)
+CLAMP_SLOTS = {
+    "vulkan_prepack::run_conv2d_context": ClampSlots("vulkan_prepack::create_conv2d_context", 6, 7),
+}
 
 
 def passes() -> tuple[ScriptPass, ...]:
+    """Fresh instances of the Vulkan pipeline's passes, in order."""
     return (
         FoldConvBatchNorm(),
         Freeze(),
-        RemoveDropoutScript(),
+        RemoveDropout(),
         FuseLinear(),  # upstream runs it inside its linear insertion
         InsertVulkanOps(),
-        FuseVulkanClamp(),
-        FoldVulkanPrepacking(),
+        FuseClamp(CLAMP_SLOTS, None),  # upstream's Vulkan pipeline cannot switch it off
+        FoldPrepacking(CREATE_KINDS, None),
         RemoveMutation(),
         InsertGpuTransfers(),
         Canonicalize(),
     )
+
+
+SPEC = BackendSpec(
+    OpFamily.VULKAN,
+    passes,
+    {"optimized_for_vulkan": True},
+    honours=frozenset({MobileOptimizerType.VULKAN_AUTOMATIC_GPU_TRANSFER}),
+)

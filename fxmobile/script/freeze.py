@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
-from fxmobile.script.infra import ScriptContext, ScriptPass, ScriptPassResult
+from fxmobile.infra import PassResult
+from fxmobile.script.stage import ScriptContext, ScriptPass
 
 
 def bundled_inputs_attributes(
@@ -43,11 +44,12 @@ class Freeze(ScriptPass):
     """Freeze the module (not blocklistable: every later rewrite needs constants)."""
 
     optimization = None
-    pass_name = "freeze"
     summary = "submodule calls, parameters -> inlined graph, constants"
 
-    def call(self, module: torch.jit.ScriptModule, ctx: ScriptContext) -> ScriptPassResult:
+    def call(
+        self, module: torch.jit.ScriptModule, ctx: ScriptContext
+    ) -> PassResult[torch.jit.ScriptModule]:
         before = sum(1 for _ in module.modules())
         frozen = freeze(module, ctx.preserved_attrs)
         # Rewrites: submodules inlined away.
-        return ScriptPassResult(frozen, before - sum(1 for _ in frozen.modules()))
+        return PassResult(frozen, before - sum(1 for _ in frozen.modules()))

@@ -16,10 +16,11 @@ from collections.abc import Sequence
 
 import torch
 
+from fxmobile.infra import PassResult
 from fxmobile.options import MobileOptimizerType
-from fxmobile.script.freezing import freeze
+from fxmobile.script.freeze import freeze
 from fxmobile.script.graph_utils import iter_nodes
-from fxmobile.script.infra import ScriptContext, ScriptPass, ScriptPassResult
+from fxmobile.script.stage import ScriptContext, ScriptPass
 
 PREFIX = "_jit_pass_hoist_conv_packed_params"
 _QUANTIZED_CONVS = frozenset(
@@ -56,11 +57,13 @@ class HoistConvPackedParams(ScriptPass):
     optimization = MobileOptimizerType.HOIST_CONV_PACKED_PARAMS
     summary = "<path>._packed_params of quantized convs -> root attribute; convs removed"
 
-    def call(self, module: torch.jit.ScriptModule, ctx: ScriptContext) -> ScriptPassResult:
+    def call(
+        self, module: torch.jit.ScriptModule, ctx: ScriptContext
+    ) -> PassResult[torch.jit.ScriptModule]:
         hoisted = hoist_packed_params(module, ctx.methods)
         if hoisted:
             module = freeze(module, ctx.preserved_attrs)  # drops the emptied conv modules
-        return ScriptPassResult(module, hoisted)
+        return PassResult(module, hoisted)
 
 
 def hoist_packed_params(module: torch.jit.ScriptModule, methods: Sequence[str]) -> int:

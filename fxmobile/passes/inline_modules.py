@@ -1,5 +1,8 @@
 """Inline the calls to standard leaf modules before scripting, so TorchScript compiles one method.
 
+The last FX pass of ``fxmobile.optimize`` (not of ``optimize_fx``, whose graph module keeps the
+model's submodules); blocklist ``MobileOptimizerType.INLINE_MODULES`` to keep the calls.
+
 ``self.conv(x)`` on an ``nn.Conv2d`` -> ``F.conv2d(x, self.conv_weight, self.conv_bias,
 stride, padding, dilation, groups)``, with the tensors moved to the root module. Each rewrite
 is the module's own ``forward`` written out down to the op it ends in, with the module's
@@ -20,13 +23,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from fxmobile.infra import PassResult, Skips
+from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.graph_utils import attr_of, fresh_attr_name, module_of
+from fxmobile.passes.stage import FxContext, FxPass
 
 
 @dataclass(frozen=True)
@@ -122,8 +128,21 @@ INLINERS: dict[type[nn.Module], Callable[[Any], Call | None]] = {
 }
 
 
-def inline_leaf_modules(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
-    """A new graph module with the calls to ``INLINERS``' types inlined, and how many were.
+class InlineModules(FxPass):
+    optimization = MobileOptimizerType.INLINE_MODULES
+    summary: ClassVar[str] = (
+        "conv / linear / activation / pool module calls -> the functional call their forward makes"
+    )
+    keeps_shapes: ClassVar[bool] = True
+
+    def call(self, gm: fx.GraphModule, ctx: FxContext) -> PassResult[fx.GraphModule]:
+        new, inlined, skips = inline_leaf_modules(gm)
+        return PassResult(new, inlined, dict(skips))
+
+
+def inline_leaf_modules(gm: fx.GraphModule) -> tuple[fx.GraphModule, int, Skips]:
+    """A new graph module with the calls to ``INLINERS``' types inlined, how many were, and why
+    the other calls to those types were kept.
 
     ``gm`` is left as it was; the new module holds the same tensor objects (no copies) and
     only the submodules and attributes its graph still uses.
@@ -132,7 +151,7 @@ def inline_leaf_modules(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
     env: dict[fx.Node, fx.Node] = {}
     owners: dict[str, Any] = {}  # what each call_module / get_attr target of ``graph`` names
     hoisted: dict[int, str] = {}  # id(tensor) -> its attribute on the new root
-    inlined = 0
+    inlined, skips = 0, Skips()
 
     def hoist(module_path: str, name: str) -> fx.Node | None:
         tensor = getattr(gm.get_submodule(module_path), name)
@@ -146,7 +165,9 @@ def inline_leaf_modules(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
 
     for node in gm.graph.nodes:
         call = _inline_call(gm, node)
-        if call is None:
+        if isinstance(call, str):
+            skips.add(call)
+        if not isinstance(call, Call):
             env[node] = graph.node_copy(node, lambda n: env[n])
             if node.op == "call_module":
                 owners[str(node.target)] = module_of(gm, node)
@@ -160,24 +181,24 @@ def inline_leaf_modules(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
         env[node].meta = dict(node.meta)
         inlined += 1
     if not inlined:
-        return gm, 0
+        return gm, 0, skips
     new = fx.GraphModule(owners, graph, class_name=type(gm).__name__)
     new.meta = dict(gm.meta)
     new.training = gm.training  # the root only: the kept submodules are gm's own objects
-    return new, inlined
+    return new, inlined, skips
 
 
-def _inline_call(gm: fx.GraphModule, node: fx.Node) -> Call | None:
-    """What ``node``'s module call computes, or None to keep the call."""
-    if node.op != "call_module" or len(node.args) != 1 or node.kwargs:
-        return None  # a transposed conv's output_size, or anything but one input
-    if not isinstance(node.args[0], fx.Node):
-        return None
+def _inline_call(gm: fx.GraphModule, node: fx.Node) -> Call | str | None:
+    """What ``node``'s module call computes, why it stays a call, or None for other nodes."""
     module = module_of(gm, node)
     inliner = None if module is None else INLINERS.get(type(module))
-    if module is None or inliner is None or _customized(module):
+    if module is None or inliner is None:
         return None
-    return inliner(module)
+    if len(node.args) != 1 or node.kwargs or not isinstance(node.args[0], fx.Node):
+        return f"{type(module).__name__} called with more than one input"
+    if _customized(module):
+        return f"{type(module).__name__} runs hooks or has its own forward"
+    return inliner(module) or f"{type(module).__name__} configuration has no functional form"
 
 
 def _customized(module: nn.Module) -> bool:

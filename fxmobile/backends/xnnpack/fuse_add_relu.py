@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import torch
 
+from fxmobile.infra import PassResult
 from fxmobile.options import MobileOptimizerType
 from fxmobile.script.aliasing import root, written_roots
 from fxmobile.script.graph_utils import count_kinds, iter_nodes, method_graphs
-from fxmobile.script.infra import ScriptContext, ScriptPass, ScriptPassResult
 from fxmobile.script.jit_passes import jit
+from fxmobile.script.stage import ScriptContext, ScriptPass
 
 ALIASED = "method left alone: an add reads memory that another op writes in place"
 READ_ELSEWHERE = "method left alone: an add_ writes a tensor that another op reads"
@@ -32,7 +33,9 @@ class FuseAddRelu(ScriptPass):
     optimization = MobileOptimizerType.FUSE_ADD_RELU
     summary = "add (+ relu / relu_) -> aten::_add_relu"
 
-    def call(self, module: torch.jit.ScriptModule, ctx: ScriptContext) -> ScriptPassResult:
+    def call(
+        self, module: torch.jit.ScriptModule, ctx: ScriptContext
+    ) -> PassResult[torch.jit.ScriptModule]:
         before = count_kinds(module, ctx.methods, _FUSED)
         skips: dict[str, int] = {}
         for graph in method_graphs(module, ctx.methods):
@@ -42,7 +45,7 @@ class FuseAddRelu(ScriptPass):
             else:
                 jit._jit_pass_fuse_add_relu(graph)
         fused = count_kinds(module, ctx.methods, _FUSED) - before
-        return ScriptPassResult(module, fused, skips)
+        return PassResult(module, fused, skips)
 
 
 def why_not_fuse(graph: torch._C.Graph) -> str | None:

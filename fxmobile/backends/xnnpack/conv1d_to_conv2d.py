@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import torch
 
+from fxmobile.infra import PassResult
 from fxmobile.options import MobileOptimizerType
 from fxmobile.script.aliasing import writers
 from fxmobile.script.graph_utils import count_kinds, iter_nodes, method_graphs
-from fxmobile.script.infra import ScriptContext, ScriptPass, ScriptPassResult
 from fxmobile.script.jit_passes import jit
+from fxmobile.script.stage import ScriptContext, ScriptPass
 
 
 def _writes_in_place(module: torch.jit.ScriptModule, methods: tuple[str, ...]) -> int:
@@ -49,13 +50,15 @@ class Conv1dToConv2d(ScriptPass):
     optimization = MobileOptimizerType.CONV_1D_TO_2D
     summary = "aten::conv1d -> unsqueeze, aten::conv2d, squeeze"
 
-    def call(self, module: torch.jit.ScriptModule, ctx: ScriptContext) -> ScriptPassResult:
+    def call(
+        self, module: torch.jit.ScriptModule, ctx: ScriptContext
+    ) -> PassResult[torch.jit.ScriptModule]:
         unsupported = _string_padded(module, ctx.methods)
         if unsupported:
-            return ScriptPassResult(module, 0, {"conv1d with string padding": unsupported})
+            return PassResult(module, 0, {"conv1d with string padding": unsupported})
         writes = _writes_in_place(module, ctx.methods)
         if writes:
-            return ScriptPassResult(module, 0, {"method writes tensors in place": writes})
+            return PassResult(module, 0, {"method writes tensors in place": writes})
         before = count_kinds(module, ctx.methods, {"aten::conv1d"})
         jit._jit_pass_transform_conv1d_to_conv2d(module._c)
-        return ScriptPassResult(module, before - count_kinds(module, ctx.methods, {"aten::conv1d"}))
+        return PassResult(module, before - count_kinds(module, ctx.methods, {"aten::conv1d"}))
