@@ -19,7 +19,6 @@ line: see ``WriteWatch``.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -28,50 +27,10 @@ import torch
 from torch import fx, nn
 from torch.overrides import TorchFunctionMode
 
+from fxmobile import ops
+
 # What nn.Module.__init__ puts in every module's __dict__: torch's bookkeeping, not user state.
 _MODULE_SLOTS = frozenset(vars(nn.Module()))
-
-_INPLACE_OPERATORS = frozenset(
-    {
-        operator.setitem,
-        operator.iadd,
-        operator.isub,
-        operator.imul,
-        operator.itruediv,
-        operator.ifloordiv,
-        operator.imod,
-        operator.ipow,
-        operator.iand,
-        operator.ior,
-        operator.ixor,
-        operator.ilshift,
-        operator.irshift,
-        operator.imatmul,
-    }
-)
-_INPLACE_DUNDERS = frozenset(f"__{op.__name__}__" for op in _INPLACE_OPERATORS)  # __iadd__...
-
-# Ops whose result may share memory with their first argument: writing to the result writes
-# to the attribute.
-_VIEW_NAMES = frozenset(
-    {
-        "view", "view_as", "reshape", "reshape_as", "expand", "expand_as", "squeeze",
-        "unsqueeze", "transpose", "swapaxes", "swapdims", "t", "permute", "movedim", "flatten",
-        "unflatten", "narrow", "select", "detach", "as_strided", "diagonal", "unbind", "split",
-        "chunk", "unfold", "contiguous", "__getitem__", "view_as_real", "real", "imag",
-    }
-)  # fmt: skip
-_VIEW_FUNCTIONS = frozenset(
-    {operator.getitem} | {getattr(torch, n) for n in _VIEW_NAMES if hasattr(torch, n)}
-)
-_VIEW_ATTRIBUTES = frozenset({"data", "T", "mT", "H", "mH", "real", "imag"})
-
-
-def is_inplace_name(name: str) -> bool:
-    """``add_``, ``copy_``, ``__setitem__``, ``__iadd__``: names of ops that write to self."""
-    if name in _INPLACE_DUNDERS:
-        return True
-    return name.endswith("_") and not name.startswith("__") and not name.endswith("__")
 
 
 @dataclass(frozen=True)
@@ -167,30 +126,13 @@ class GraphWrite:
         return target if isinstance(target, str) else getattr(target, "__name__", str(target))
 
 
-def _writes_in_place(node: fx.Node) -> fx.Node | None:
-    """The node an in-place op writes to, or None when ``node`` writes to nothing."""
+def _written(node: fx.Node) -> fx.Node | None:
+    """The node a known in-place op writes to, or None (``fxmobile.ops``; a user function kept
+    opaque is not known to write: only its traced callers' state is checked)."""
     if node.op not in ("call_method", "call_function"):
         return None
-    out = node.kwargs.get("out")
-    if isinstance(out, fx.Node):
-        return out
-    first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
-    if node.kwargs.get("inplace") is True:
-        return first
-    if node.op == "call_function" and node.target in _INPLACE_OPERATORS:
-        return first
-    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
-    return first if isinstance(name, str) and is_inplace_name(name) else None
-
-
-def _is_view(node: fx.Node) -> bool:
-    if node.op == "call_method":
-        return node.target in _VIEW_NAMES
-    if node.op == "call_function":
-        if node.target is getattr:
-            return len(node.args) > 1 and node.args[1] in _VIEW_ATTRIBUTES
-        return node.target in _VIEW_FUNCTIONS
-    return False
+    info = ops.call_op(node)
+    return ops.written_input(node) if info.writes and info.name is not None else None
 
 
 def fx_constants(graph: fx.Graph) -> frozenset[str]:
@@ -224,11 +166,12 @@ def graph_writes(graph: fx.Graph) -> list[GraphWrite]:
         if node.op == "get_attr":
             aliases[node] = str(node.target)
             continue
-        written = _writes_in_place(node)
+        written = _written(node)
         if written is not None and written in aliases:
             found.append(GraphWrite(node, aliases[written]))
         base = node.args[0] if node.args else None
-        if isinstance(base, fx.Node) and base in aliases and (_is_view(node) or written is base):
+        view = node.op in ("call_method", "call_function") and ops.call_op(node).view
+        if isinstance(base, fx.Node) and base in aliases and (view or written is base):
             aliases[node] = aliases[base]
     return found
 
@@ -255,12 +198,9 @@ class WriteWatch(TorchFunctionMode):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
         target = kwargs.get("out", args[0] if args else None)
-        if (
-            isinstance(name, str)
-            and (is_inplace_name(name) or "out" in kwargs or kwargs.get("inplace") is True)
-            and isinstance(target, torch.Tensor)
-            and _storage(target) in self.storages
-        ):
+        writes = "out" in kwargs or kwargs.get("inplace") is True
+        writes |= isinstance(name, str) and ops.aten(name).writes
+        if writes and isinstance(target, torch.Tensor) and _storage(target) in self.storages:
             raise WriteSeen(name)
         return func(*args, **kwargs)
 

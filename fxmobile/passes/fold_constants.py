@@ -51,24 +51,21 @@ A declined output leaves the graph and its constant inputs become outputs in tur
 
 from __future__ import annotations
 
-import builtins
-import operator
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from fxmobile import ops
 from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.graph_utils import (
     add_constant,
     attr_of,
     erase_unused_attributes,
-    is_inplace_module,
     is_pure,
     module_of,
 )
@@ -77,32 +74,6 @@ from fxmobile.passes.stage import FxContext, FxPass
 
 GROWTH_FACTOR = 4
 GROWTH_MIN_BYTES = 1 << 20
-
-RANDOM_FUNCTIONS: frozenset[Any] = frozenset(
-    {
-        torch.rand,
-        torch.randn,
-        torch.randint,
-        torch.randperm,
-        torch.rand_like,
-        torch.randn_like,
-        torch.randint_like,
-        torch.bernoulli,
-        torch.multinomial,
-        torch.normal,
-        torch.poisson,
-        F.gumbel_softmax,
-    }
-)
-RANDOM_METHODS: frozenset[str] = frozenset({"bernoulli", "multinomial"})
-UNINITIALIZED_FUNCTIONS: frozenset[Any] = frozenset(
-    {torch.empty, torch.empty_like, torch.empty_strided}
-)
-UNINITIALIZED_METHODS: frozenset[str] = frozenset({"new_empty", "new_empty_strided"})
-# Pure Python functions fx records as call_function (w.shape -> getattr, w.shape[0] -> getitem).
-_PYTHON_FUNCTIONS: frozenset[Any] = frozenset(
-    {f for f in vars(operator).values() if callable(f)} | {builtins.getattr, builtins.len}
-)
 
 RANDOM = "random op is not a constant"
 UNINITIALIZED = "uninitialized tensor (torch.empty) is not a constant"
@@ -162,13 +133,6 @@ def _storages(value: Any) -> set[int]:
     return {k for t in _tensors(value) if (k := _storage_key(t)) is not None}
 
 
-# Functions that update running statistics in place when this flag is not False.
-STATS_FUNCTIONS: dict[Any, tuple[int, str, bool]] = {
-    F.batch_norm: (5, "training", False),
-    F.instance_norm: (5, "use_input_stats", True),
-    torch.batch_norm: (5, "training", False),
-    torch.instance_norm: (5, "use_input_stats", True),
-}
 STATS = "updates running statistics (training=True)"
 
 
@@ -177,18 +141,17 @@ def _flag_set(node: fx.Node, position: int, keyword: str, default: bool) -> bool
     return value is not False
 
 
-def _is_random(node: fx.Node) -> bool:
-    if node.op == "call_function":
-        if node.target in DROPOUT_FUNCTIONS:
-            return _flag_set(node, *DROPOUT_FUNCTIONS[node.target])
-        return node.target in RANDOM_FUNCTIONS
-    return node.op == "call_method" and node.target in RANDOM_METHODS
+def _is_random(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """A random op (``fxmobile.ops``: tagged ``nondeterministic_seeded``); a dropout call is
+    random unless its ``training`` argument is the constant False."""
+    if node.op == "call_function" and node.target in DROPOUT_FUNCTIONS:
+        return _flag_set(node, *DROPOUT_FUNCTIONS[node.target])
+    info = ops.fx_op(gm, node)
+    return node.op in ("call_method", "call_function") and info.random and info is not ops.UNKNOWN
 
 
 def _is_uninitialized(node: fx.Node) -> bool:
-    if node.op == "call_function":
-        return node.target in UNINITIALIZED_FUNCTIONS
-    return node.op == "call_method" and node.target in UNINITIALIZED_METHODS
+    return ops.call_name(node) in ops.UNINITIALIZED if node.op != "call_module" else False
 
 
 def _may_write(gm: fx.GraphModule, node: fx.Node) -> bool:
@@ -202,25 +165,28 @@ def _may_write(gm: fx.GraphModule, node: fx.Node) -> bool:
     module = module_of(gm, node)
     if module is not None and any(m.training for m in module.modules()):
         return any(True for _ in module.buffers()) or not is_pure(gm, node)
-    if node.op == "call_function" and node.target in STATS_FUNCTIONS:
-        return _flag_set(node, *STATS_FUNCTIONS[node.target])
+    if node.op == "call_function" and node.target in ops.STATS_FUNCTIONS:
+        return _flag_set(node, *ops.STATS_FUNCTIONS[node.target])
     if is_pure(gm, node):
         return False
-    return not (_is_random(node) and not node.kwargs.get("inplace"))
+    # fx calls random ops impure (they draw from the generator); they write nothing
+    return not (_is_random(gm, node) and not node.kwargs.get("inplace"))
 
 
 def why_not_constant(gm: fx.GraphModule, node: fx.Node) -> str | None:
     """None when ``node`` may be evaluated once given constant inputs, else the reason not."""
-    if _is_random(node):
+    if node.op == "call_function" and ops.call_op(node) is ops.UNKNOWN:
+        return "function outside torch not known to be pure"
+    if _is_random(gm, node):
         return RANDOM
     if _is_uninitialized(node):
         return UNINITIALIZED
-    stats = node.op == "call_function" and node.target in STATS_FUNCTIONS
-    if stats and _flag_set(node, *STATS_FUNCTIONS[node.target]):
+    stats = node.op == "call_function" and node.target in ops.STATS_FUNCTIONS
+    if stats and _flag_set(node, *ops.STATS_FUNCTIONS[node.target]):
         return STATS
     if not is_pure(gm, node):
         module = module_of(gm, node)
-        if module is not None and not is_inplace_module(module):
+        if module is not None and not getattr(module, "inplace", False):
             return "module not known to be pure"
         return INPLACE
     if node.op == "call_module":
@@ -228,18 +194,7 @@ def why_not_constant(gm: fx.GraphModule, node: fx.Node) -> str | None:
         assert module is not None
         if any(m.training for m in module.modules()):
             return "module in training mode (may be random or update its state)"
-    if node.op == "call_function" and not _is_torch_function(node.target):
-        return "function outside torch not known to be pure"
     return None
-
-
-def _is_torch_function(target: Any) -> bool:
-    if target in _PYTHON_FUNCTIONS:
-        return True
-    if getattr(target, "__objclass__", None) in (torch.Tensor, torch._C.TensorBase):
-        return True
-    module = getattr(target, "__module__", None) or ""
-    return module == "torch" or module.startswith("torch.")
 
 
 def why_not_foldable(node: fx.Node, value: Any, input_nbytes: int) -> str | None:

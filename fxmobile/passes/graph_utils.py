@@ -5,17 +5,13 @@ Everything here matches on real targets (module types, function objects), never 
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Container
 from typing import Any
 
 import torch
 from torch import fx, nn
 
-# Functions whose call mutates an argument or global state; never removed as dead code.
-_IMPURE_FUNCTIONS: frozenset[Any] = frozenset(
-    {operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv}
-)
+from fxmobile import ops
 
 
 def module_of(gm: fx.GraphModule, node: fx.Node) -> nn.Module | None:
@@ -35,60 +31,23 @@ def attr_of(gm: fx.GraphModule, node: fx.Node) -> Any:
     return obj
 
 
-def is_inplace_module(module: nn.Module) -> bool:
-    return bool(getattr(module, "inplace", False))
-
-
 def is_pure(gm: fx.GraphModule, node: fx.Node) -> bool:
     """True when removing ``node`` (if unused) cannot change what the model computes.
 
-    Conservative on purpose: in-place methods and functions (``relu_``, ``inplace=True``,
-    ``out=``), ``operator.setitem``, in-place modules, any module outside ``torch.nn`` (an
-    opaque leaf may update its own state) and any function outside torch, ``operator`` and
-    ``math`` (a ``torch.fx.wrap``-ed user function may write to its arguments) count as impure.
+    What the op does comes from ``fxmobile.ops``: in-place ops and ``out=`` / ``inplace=True``
+    calls, module calls of anything outside ``torch.nn`` or with hooks, and user functions kept
+    opaque by ``torch.fx.wrap`` (torchvision's mvit ``_add_shortcut`` adds into ``x`` and
+    returns nothing used) are impure, and so are calls fx itself calls side-effecting
+    (``torch._assert``).
     """
     if node.op in ("placeholder", "output"):
         return False
-    if node.op == "get_attr":
-        return True
-    if node.kwargs.get("inplace") or "out" in node.kwargs:
+    if node.op == "call_function" and node.is_impure():
         return False
-    if node.op == "call_method":
-        name = str(node.target)
-        return not (name.endswith("_") and not name.endswith("__"))
-    if node.op == "call_function":
-        if node.target in _IMPURE_FUNCTIONS:
-            return False
-        name = getattr(node.target, "__name__", "")
-        if name.endswith("_") and not name.endswith("__"):
-            return False
-        if not _is_library_function(node.target):
-            # a user function kept opaque by torch.fx.wrap: it may write to its arguments
-            # (torchvision's mvit ``_add_shortcut`` adds into ``x`` and returns nothing used)
-            return False
-        return not node.is_impure()
-    if node.op == "call_module":
-        module = module_of(gm, node)
-        assert module is not None
-        if is_inplace_module(module):
-            return False
-        return type(module).__module__.startswith("torch.nn.") and not getattr(
-            module, "_is_impure", False
-        )
-    return False
-
-
-# Where the functions fx records come from when they are torch's own or Python's arithmetic;
-# anything else is user code.
-_LIBRARY_MODULES = ("torch", "operator", "math", "_operator", "builtins")
-
-
-def _is_library_function(target: object) -> bool:
-    module = getattr(target, "__module__", None) or ""
-    if not module and hasattr(target, "__self__"):  # a builtin method, e.g. torch._C._nn.*
-        module = type(target.__self__).__module__ or ""
-    root = module.split(".", 1)[0]
-    return root in _LIBRARY_MODULES
+    module = module_of(gm, node)
+    if module is not None and getattr(module, "_is_impure", False):
+        return False
+    return not ops.fx_op(gm, node).writes
 
 
 def replace_node(node: fx.Node, value: fx.Node) -> None:
@@ -133,57 +92,23 @@ def erase_unused_attributes(gm: fx.GraphModule) -> int:
     return removed + before - sum(1 for _ in gm.modules())
 
 
-# Ops whose result may share memory with their input: an in-place write through one reaches it.
-VIEW_OPS = frozenset(
-    {
-        "view",
-        "reshape",
-        "flatten",
-        "transpose",
-        "permute",
-        "squeeze",
-        "unsqueeze",
-        "expand",
-        "narrow",
-        "select",
-        "t",
-        "contiguous",
-        "detach",
-        "view_as",
-        "unflatten",
-        "getitem",
-    }
-)
-
-
-# Modules whose output can be their input or a view of it: a write to the output reaches the
-# input (nn.Flatten is torch.flatten, a view of contiguous input; eval-mode dropout and
-# Identity return the input itself).
-ALIASING_MODULES: tuple[type[nn.Module], ...] = (
-    nn.Flatten,
-    nn.Unflatten,
-    nn.Identity,
-    nn.modules.dropout._DropoutNd,
-)
-
-
 def written_in_place(gm: fx.GraphModule, node: fx.Node, skip: fx.Node | None = None) -> bool:
     """Whether an in-place op writes to ``node``'s value, directly or through a view of it.
 
-    ``skip`` is a user to ignore (the node being considered for removal itself).
+    ``skip`` is a user to ignore (the node being considered for removal itself). A user that may
+    write (``fxmobile.ops``) counts as a write; a user that may return a view is followed.
     """
     stack = [node]
+    seen: set[fx.Node] = set()
     while stack:
         current = stack.pop()
         for user in current.users:
-            if user is skip or user.op == "output":
+            if user is skip or user.op == "output" or user in seen:
                 continue
-            if not is_pure(gm, user):
+            seen.add(user)
+            info = ops.fx_op(gm, user)
+            if info.writes or not is_pure(gm, user):
                 return True
-            name = user.target if user.op == "call_method" else getattr(user.target, "__name__", "")
-            aliasing_module = user.op == "call_module" and isinstance(
-                gm.get_submodule(str(user.target)), ALIASING_MODULES
-            )
-            if name in VIEW_OPS or aliasing_module:
+            if info.view:
                 stack.append(user)
     return False

@@ -61,6 +61,7 @@ from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.shape_prop import TensorMetadata
 
+from fxmobile import ops
 from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.graph_utils import attr_of, module_of, tensor_meta, written_in_place
@@ -74,11 +75,6 @@ ARITHMETIC_FUNCTIONS: frozenset[Any] = frozenset(
      torch.add, torch.sub, torch.mul, torch.div}
 )  # fmt: skip
 ARITHMETIC_METHODS: frozenset[str] = frozenset({"add", "sub", "mul", "div"})
-STRIDE_FUNCTIONS: frozenset[Any] = frozenset({torch.as_strided})
-STRIDE_METHODS: frozenset[str] = frozenset(
-    {"as_strided", "stride", "data_ptr", "storage_offset", "untyped_storage", "is_contiguous",
-     "numpy"}
-)  # fmt: skip
 
 NO_SHAPES = "input rank unknown (pass example_inputs)"
 STRIDES = "a value it reaches meets an op that reads strides (as_strided, stride())"
@@ -120,9 +116,7 @@ def _downstream(starts: Iterable[fx.Node]) -> set[fx.Node]:
 
 
 def _reads_strides(node: fx.Node) -> bool:
-    if node.op == "call_function":
-        return node.target in STRIDE_FUNCTIONS
-    return node.op == "call_method" and node.target in STRIDE_METHODS
+    return node.op != "call_module" and ops.call_name(node) in ops.STRIDE_READERS
 
 
 @dataclass
@@ -266,9 +260,6 @@ class ToChannelsLast(FxPass):
 # reshape, flatten, view and contiguous return a view of a contiguous tensor but a copy of a
 # channels-last one: a write through them reaches the original only in eager's layout.
 RESHAPED_WRITE = "a value is written in place through a reshape (a copy once channels-last)"
-_LAYOUT_DEPENDENT_VIEWS = frozenset(
-    {"reshape", "flatten", "view", "contiguous", "view_as", "reshape_as", "unflatten"}
-)
 
 
 def _written_through_reshape(gm: fx.GraphModule, node: fx.Node) -> bool:
@@ -277,8 +268,7 @@ def _written_through_reshape(gm: fx.GraphModule, node: fx.Node) -> bool:
         if user.op == "call_module":
             reshaping = isinstance(module_of(gm, user), nn.Flatten | nn.Unflatten)
         else:
-            name = user.target if user.op == "call_method" else getattr(user.target, "__name__", "")
-            reshaping = name in _LAYOUT_DEPENDENT_VIEWS
+            reshaping = ops.call_name(user) in ops.LAYOUT_DEPENDENT_VIEWS
         if reshaping and written_in_place(gm, user):
             return True
     return False
