@@ -8,6 +8,8 @@ working when a caller switches from ``torch.utils.mobile_optimizer``.
 
 from __future__ import annotations
 
+import os
+import traceback
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -55,3 +57,25 @@ class ScriptingError(FxMobileError, RuntimeError):
 
 class ScriptModuleError(FxMobileError, RuntimeError):
     """A TorchScript-level step failed on the given ``ScriptModule``."""
+
+
+def innermost_user_frame(frames: traceback.StackSummary) -> str | None:
+    """``file:line: code`` of the innermost frame outside torch and fxmobile, if any: the
+    user's line an error message should point at."""
+    for frame in reversed(frames):
+        if frame.filename.startswith((*_library_dirs(), "<eval_with_key>")):
+            continue
+        code = f": {frame.line.strip()}" if frame.line else ""
+        return f"{frame.filename}:{frame.lineno}{code}"
+    return None
+
+
+def user_frame(exc: BaseException) -> str | None:
+    """The innermost user frame of ``exc``'s traceback."""
+    return innermost_user_frame(traceback.extract_tb(exc.__traceback__))
+
+
+def _library_dirs() -> tuple[str, ...]:
+    import torch  # errors.py is imported before anything heavy; torch is loaded by then
+
+    return (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)))

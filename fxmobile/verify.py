@@ -15,6 +15,7 @@ pass by pass on the same inputs; ``check="warn"`` returns the module with a warn
 
 from __future__ import annotations
 
+import io
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,7 +24,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from fxmobile.errors import CaptureError, InvalidValueError, NumericalMismatchError
+from fxmobile.errors import CaptureError, InvalidValueError, NumericalMismatchError, user_frame
 from fxmobile.infra import Observer
 from fxmobile.options import Check
 from fxmobile.report.records import OutputCheck, Report
@@ -62,10 +63,13 @@ def reference_outputs(
         first = (str(exc).strip().splitlines() or [""])[-1]
         first = first.removeprefix(f"{type(exc).__name__}: ")  # TorchScript repeats it
         what = "unoptimized" if isinstance(model, torch.jit.ScriptModule) else "eager"
+        where = user_frame(exc)
+        at = f" at {where}" if where else ""
         raise InvalidValueError(
             f"example_inputs do not run through {name}.forward ({type(exc).__name__}: "
-            f"{first}). Got {len(inputs)} input(s) {shapes}; pass example_inputs that the "
-            f"{what} model accepts."
+            f"{first}{at}). Got {len(inputs)} input(s) {shapes}; pass example_inputs that the "
+            f"{what} model accepts (if it should accept these, the model itself fails on "
+            f"them: fix it there)."
         ) from exc
 
 
@@ -171,7 +175,8 @@ def divergence_observer(
     def observe(name: str, unit: object) -> None:
         step = f"{stage} pass {name!r}"
         try:
-            checks = compare_outputs(expected, run_model(unit, inputs), tolerance)  # type: ignore[arg-type]
+            runnable = _fresh(unit) if isinstance(unit, torch.jit.ScriptModule) else unit
+            checks = compare_outputs(expected, run_model(runnable, inputs), tolerance)  # type: ignore[arg-type]
         except Exception as exc:
             raise _Diverged(step, f"fails to run ({type(exc).__name__}: {exc})") from exc
         failed = [c for c in checks if not c.passed]
@@ -179,6 +184,17 @@ def divergence_observer(
             raise _Diverged(step, describe(failed[0]))
 
     return observe
+
+
+def _fresh(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
+    """A reloaded copy: TorchScript keeps each method's execution plan from its first run, so
+    a module whose graphs a pass rewrote in place after that would still run the old graph."""
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # TorchScript's deprecation
+        torch.jit.save(module, buffer)
+        buffer.seek(0)
+        return torch.jit.load(buffer)
 
 
 def first_divergence(rerun: Callable[[], object]) -> str:

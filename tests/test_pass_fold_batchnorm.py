@@ -617,7 +617,7 @@ def _training_bn_model() -> nn.Module:
         ),
         (
             lambda: eval_model(_hooked_conv(), nn.BatchNorm2d(4)),
-            "producer module has forward hooks",
+            "producer module: Conv2d has forward hooks",
         ),
         (
             lambda: eval_model(nn.ReLU(), nn.BatchNorm2d(3)),

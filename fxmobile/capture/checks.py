@@ -242,9 +242,25 @@ def resolve_leaves(
 
 
 def deep_copy(model: nn.Module) -> nn.Module:
-    """``copy.deepcopy(model)``, or an error naming the attribute that cannot be copied."""
+    """``copy.deepcopy(model)``, or an error naming the attribute that cannot be copied.
+
+    A tensor attribute computed from parameters with autograd on (the older
+    ``torch.nn.utils.weight_norm`` keeps ``weight`` so, and recomputes it before every call)
+    is not a graph leaf, which ``deepcopy`` refuses: its value is copied instead. Hooks are
+    the caller's callbacks: the copy calls the same objects (deepcopy already shares plain
+    functions; a callable object, a recorder say, would otherwise be copied and never see a
+    call of the optimized module).
+    """
+    memo: dict[int, Any] = {}
+    for module in model.modules():
+        for value in vars(module).values():
+            if isinstance(value, torch.Tensor) and not value.is_leaf:
+                memo[id(value)] = value.detach().clone()
+        for hooks in _HOOK_DICTS:
+            for hook in getattr(module, hooks).values():
+                memo[id(hook)] = hook
     try:
-        return copy.deepcopy(model)
+        return copy.deepcopy(model, memo)
     except Exception as exc:
         culprit = _uncopyable_attribute(model)
         what = f"its attribute {culprit!r}" if culprit else "one of its attributes"
@@ -254,6 +270,16 @@ def deep_copy(model: nn.Module) -> nn.Module:
             f"optimizes a copy. Fix: make that attribute deep-copyable (define __deepcopy__), "
             f"or move it out of the module (e.g. a lock, file handle or client object)."
         ) from exc
+
+
+_HOOK_DICTS = (
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+    "_state_dict_hooks",
+    "_load_state_dict_pre_hooks",
+)
 
 
 def _uncopyable_attribute(model: nn.Module) -> str | None:

@@ -88,16 +88,26 @@ class StateSnapshot:
         return cls({key: (kind, _stamp(value), value) for key, kind, value in _entries(model)})
 
     def changes(
-        self, model: nn.Module, fx_constants: frozenset[str] = frozenset()
+        self,
+        model: nn.Module,
+        fx_constants: frozenset[str] = frozenset(),
+        recomputed: frozenset[tuple[str, str]] = frozenset(),
     ) -> list[StateChange]:
         """What differs now; ``fx_constants`` are root attributes torch.fx itself added to hold
-        the constants of the graph (``_tensor_constant0``), not changes made by forward."""
-        now = {key: (kind, _stamp(value)) for key, kind, value in _entries(model)}
+        the constants of the graph (``_tensor_constant0``), not changes made by forward;
+        ``recomputed`` are (module path, attribute) pairs a pre-hook sets before every call
+        (``torch.nn.utils.weight_norm``'s ``weight``): the same value each call, not state."""
+        now = {
+            key: (kind, _stamp(value))
+            for key, kind, value in _entries(model)
+            if key not in recomputed
+        }
+        stamps = {key: value for key, value in self.stamps.items() if key not in recomputed}
         for name in fx_constants:
-            if ("", name) not in self.stamps:
+            if ("", name) not in stamps:
                 now.pop(("", name), None)
         found = []
-        for key, (kind, stamp, _) in self.stamps.items():
+        for key, (kind, stamp, _) in stamps.items():
             if key not in now:
                 found.append(StateChange(*key, kind, "deleted"))
                 continue
@@ -108,7 +118,7 @@ class StateSnapshot:
             how = "changed in place" if in_place else "reassigned"
             found.append(StateChange(*key, kind, how))
         for key, (kind, _) in now.items():
-            if key not in self.stamps:
+            if key not in stamps:
                 found.append(StateChange(*key, kind, "added"))
         return found
 

@@ -13,10 +13,11 @@ or returns None; each refusal names the culprit and the fix.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import operator
-import os
+import time
 import traceback
 import typing
 from dataclasses import dataclass, field, replace
@@ -25,7 +26,20 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from fxmobile.capture.checks import deep_copy, resolve_leaves, training_submodules
+from fxmobile.capture.checks import (
+    deep_copy,
+    eager_arguments,
+    resolve_leaves,
+    training_submodules,
+)
+from fxmobile.capture.hooks import (
+    RootHooks,
+    plan_hooks,
+    refuse_global_hooks,
+    run_forward_hooks,
+    run_pre_hooks,
+    without_hooks,
+)
 from fxmobile.capture.mutation import (
     GraphWrite,
     StateChange,
@@ -36,27 +50,33 @@ from fxmobile.capture.mutation import (
     graph_writes,
     owner_name,
 )
-from fxmobile.errors import CaptureError, InvalidValueError
+from fxmobile.capture.parametrize import bake_parametrizations, recomputed_by_hooks
+from fxmobile.errors import CaptureError, InvalidValueError, innermost_user_frame, user_frame
 from fxmobile.options import Options
+from fxmobile.report.records import HookRecord
+from fxmobile.verify import check_input_writes, reference_outputs
 
 __all__ = ["Capture", "capture"]
-
-_TORCH_DIR = os.path.dirname(torch.__file__)
-_FXMOBILE_DIR = os.path.dirname(os.path.dirname(__file__))
 
 
 @dataclass(frozen=True)
 class Capture:
     """The traced copy, and what capture had to do to get it.
 
-    ``eager_copy`` is the deep copy that was traced; the graph module shares its submodules, so
-    it runs the original eager forward only until a pass rewrites those submodules.
+    ``eager_copy`` is the deep copy that was traced (its parametrizations baked); the graph
+    module shares its submodules, except where it calls a copy without the hooks it traced.
     """
 
     graph_module: fx.GraphModule
     eager_copy: nn.Module
     auto_leaves: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # eager's outputs on the example inputs, taken before capture changed the copy (None
+    # unless options.checks), and how long that run took
+    reference: Any = None
+    reference_seconds: float = 0.0
+    hooks: tuple[HookRecord, ...] = ()
+    parametrizations: dict[str, int] = field(default_factory=dict)
 
 
 class _Tracer(fx.Tracer):
@@ -67,10 +87,12 @@ class _Tracer(fx.Tracer):
         leaf_types: tuple[type[nn.Module], ...],
         leaf_paths: set[str],
         record_frames: bool = False,
+        traced_hooks: frozenset[int] = frozenset(),
     ) -> None:
         super().__init__()
         self.leaf_types = leaf_types
         self.leaf_paths = leaf_paths
+        self.traced_hooks = traced_hooks  # ids of the modules whose hooks run on the proxies
         self.failed_path: str | None = None
         # the user's source line of each node, by node name (only to explain a refusal)
         self.record_frames = record_frames
@@ -79,7 +101,7 @@ class _Tracer(fx.Tracer):
     def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
         node = super().create_node(*args, **kwargs)
         if self.record_frames:
-            where = _innermost_user_frame(traceback.extract_stack())
+            where = innermost_user_frame(traceback.extract_stack())
             if where:
                 self.frames[node.name] = where
         return node
@@ -93,7 +115,13 @@ class _Tracer(fx.Tracer):
         self, m: nn.Module, forward: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         try:
-            return super().call_module(m, forward, args, kwargs)
+            if id(m) not in self.traced_hooks:
+                return super().call_module(m, forward, args, kwargs)
+            # The hooks run here, on the proxies, as Module.__call__ would run them; the module
+            # itself is then called without them (fx's ``forward`` would run them again).
+            args, kwargs = run_pre_hooks(m, args, kwargs)
+            result = super().call_module(m, m.forward, args, kwargs)
+            return run_forward_hooks(m, args, kwargs, result)
         except Exception:
             if self.failed_path is None:
                 self.failed_path = self.path_of_module(m)
@@ -105,7 +133,11 @@ def capture(model: nn.Module, options: Options) -> Capture:
 
     ``options.leaf_modules`` (classes, submodule instances of ``model`` or qualified names) are
     kept as opaque calls; ``options.eval_copy`` puts the copy (never ``model``) in eval mode.
+    With ``options.checks``, eager's outputs are taken on the copy first, before capture bakes
+    its parametrizations (``fxmobile.capture.parametrize``) or traces its hooks
+    (``fxmobile.capture.hooks``): the check then compares against the model as the user has it.
     """
+    refuse_global_hooks()
     notes: list[str] = []
     leaf_types, leaf_paths = resolve_leaves(model, options.leaf_modules)
     concrete_args = dict(options.concrete_args) if options.concrete_args else None
@@ -115,12 +147,29 @@ def capture(model: nn.Module, options: Options) -> Capture:
         copied.eval()
         notes.append(f"put fxmobile's copy in eval mode ({len(training)} modules were training)")
 
+    reference, after_reference, seconds = None, (), 0.0
+    if options.checks:
+        before = StateSnapshot.of(copied)
+        start = time.perf_counter()
+        reference, after_reference = _reference_run(copied, options)
+        seconds = time.perf_counter() - start
+        changes = before.changes(copied, recomputed=recomputed_by_hooks(copied))
+        if changes:
+            writes = _traced_writes(model, leaf_types, leaf_paths, concrete_args)
+            where = _locate_write(model, leaf_types, leaf_paths, concrete_args, changes, writes)
+            raise _mutation_error(model, changes, writes, where)
+    baked = bake_parametrizations(copied)
+    plan = plan_hooks(copied)
+    leaf_paths |= plan.kept
+    traced = frozenset(plan.traced)
+
     before = StateSnapshot.of(copied)
     auto_leaves: list[str] = []
     while True:
-        tracer = _Tracer(leaf_types, leaf_paths)
+        tracer = _Tracer(leaf_types, leaf_paths, traced_hooks=traced)
         try:
-            graph = tracer.trace(copied, concrete_args=concrete_args)
+            with RootHooks(copied) if id(copied) in traced else contextlib.nullcontext():
+                graph = tracer.trace(copied, concrete_args=concrete_args)
             break
         except Exception as exc:
             path = tracer.failed_path
@@ -139,10 +188,41 @@ def capture(model: nn.Module, options: Options) -> Capture:
     _refuse_none_output(model, graph)
     name = type(model).__name__
     gm = fx.GraphModule(tracer.root, graph, class_name=name)
+    _call_unhooked_copies(gm, plan.traced)
     if concrete_args:
         _bake_concrete_args(gm, copied, concrete_args)
     _resolve_string_annotations(gm, copied)
-    return Capture(gm, copied, tuple(auto_leaves), tuple(notes))
+    if reference is not None:
+        args, _ = eager_arguments(copied, options.example_inputs or (), _specialized(options))
+        check_input_writes(gm, name, args, after_reference)
+    return Capture(
+        gm,
+        copied,
+        tuple(auto_leaves),
+        tuple(notes),
+        reference,
+        seconds,
+        tuple(plan.records),
+        dict(baked),
+    )
+
+
+def _specialized(options: Options) -> dict[str, Any]:
+    """The concrete arguments that are values (``fx.PH`` keeps a parameter an input)."""
+    return {k: v for k, v in (options.concrete_args or {}).items() if v is not fx.PH}
+
+
+def _reference_run(model: nn.Module, options: Options) -> tuple[Any, tuple[Any, ...]]:
+    """Eager's outputs on the example inputs, and the inputs as the call left them."""
+    args, kwargs = eager_arguments(model, options.example_inputs or (), _specialized(options))
+    return reference_outputs(model, type(model).__name__, args, kwargs)
+
+
+def _call_unhooked_copies(gm: fx.GraphModule, traced: dict[int, nn.Module]) -> None:
+    """Leaf calls of modules whose hooks were traced call a copy without them."""
+    for node in gm.graph.nodes:
+        if node.op == "call_module" and id(gm.get_submodule(node.target)) in traced:
+            gm.add_submodule(str(node.target), without_hooks(gm.get_submodule(node.target)))
 
 
 def _refuse_none_output(model: nn.Module, graph: fx.Graph) -> None:
@@ -154,6 +234,22 @@ def _refuse_none_output(model: nn.Module, graph: fx.Graph) -> None:
             f"(fxmobile removes work whose result is unused). Fix: return the output tensor(s) "
             f"from {name}.forward (is a `return` missing?)."
         )
+
+
+def _traced_writes(
+    model: nn.Module,
+    leaf_types: tuple[type[nn.Module], ...],
+    leaf_paths: set[str],
+    concrete_args: dict[str, Any] | None,
+) -> list[GraphWrite]:
+    """The in-place writes to module state a trace of a fresh copy records (for a refusal
+    found by running the model: the message then names the op that writes)."""
+    try:
+        fresh = copy.deepcopy(model).eval()
+        graph = _Tracer(leaf_types, set(leaf_paths)).trace(fresh, concrete_args=concrete_args)
+    except Exception:
+        return []
+    return [replace(w, attribute=owner_name(fresh, w.attribute)) for w in graph_writes(graph)]
 
 
 def _locate_write(
@@ -176,7 +272,7 @@ def _locate_write(
         with WriteWatch(tensors):
             tracer.trace(fresh, concrete_args=concrete_args)
     except WriteSeen as seen:
-        return _user_frame(seen)
+        return user_frame(seen)
     except Exception:
         return None
     for write in writes:
@@ -269,27 +365,12 @@ def _substitute(args: Any, node: fx.Node, value: Any) -> Any:
     return fx.node.map_arg(args, swap)
 
 
-def _innermost_user_frame(frames: traceback.StackSummary) -> str | None:
-    """``file:line: code`` of the innermost frame outside torch and fxmobile, if any."""
-    for frame in reversed(frames):
-        if frame.filename.startswith((_TORCH_DIR, _FXMOBILE_DIR, "<eval_with_key>")):
-            continue
-        code = f": {frame.line.strip()}" if frame.line else ""
-        return f"{frame.filename}:{frame.lineno}{code}"
-    return None
-
-
-def _user_frame(exc: BaseException) -> str | None:
-    """The innermost user frame of ``exc``'s traceback."""
-    return _innermost_user_frame(traceback.extract_tb(exc.__traceback__))
-
-
 def _capture_error(
     root: nn.Module, path: str | None, exc: Exception, auto_leaf: bool
 ) -> CaptureError:
     """Name the submodule and line; the fix depends on whether fx met control flow on a traced
     value (``TraceError``) or forward raised an ordinary Python error while being traced."""
-    where = _user_frame(exc)
+    where = user_frame(exc)
     at = f" at {where}" if where else ""
     cause = f"{type(exc).__name__}: {exc}".strip()
     control_flow = isinstance(exc, fx.proxy.TraceError)

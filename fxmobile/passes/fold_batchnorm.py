@@ -11,15 +11,12 @@ with, per output channel ``o`` (``gamma = 1``, ``beta = 0`` when the BN has no a
     W'[o] = W[o] * s[o]
     b'[o] = b[o] * s[o] + t[o]          (b = 0 when the producer had no bias: it gains one)
 
-Producers: ``nn.Conv1d/2d/3d``, ``nn.ConvTranspose1d/2d/3d`` and ``nn.Linear`` (exact types: a
-subclass may override ``forward``), or ``F.conv*d`` / ``F.conv_transpose*d`` / ``F.linear`` whose
-weight and bias are ``get_attr`` constants. BatchNorm: ``nn.BatchNorm1d/2d/3d``, or
-``nn.SyncBatchNorm`` (in eval mode with running stats it is exactly ``F.batch_norm``: it only
-synchronizes when training), or ``F.batch_norm`` with constant stats and ``training=False``.
-The per-channel arithmetic is ``affine_fold`` (float64, written back in the producer's dtype,
-transposed-conv weight axis per group). A folded module replaces the producer at its path only
-when nothing else can reach that path; otherwise it is installed as a new ``<path>_bn_folded``
-submodule and the shared module is left as it was (pytorch/pytorch#104593).
+Producers and BatchNorms are matched by ``fxmobile.passes.matchers`` (module and functional
+forms; exact types, no hooks). The per-channel arithmetic is ``affine_fold`` (float64, written
+back in the producer's dtype, transposed-conv weight axis per group). A folded module replaces
+the producer at its path only when nothing else can reach that path; otherwise it is installed
+as a new ``<path>_bn_folded`` submodule and the shared module is left as it was
+(pytorch/pytorch#104593).
 
 The pass gives up, with a reason in the result, when:
 - the BN is in training mode, or has no running stats (it then normalizes with batch stats even
@@ -33,12 +30,13 @@ The pass gives up, with a reason in the result, when:
   output. The rank comes from the example inputs' shapes when given, else from what the graph
   proves: the BN's own input-rank check (BatchNorm2d takes only 4-D), and ``flatten(x, 1)`` /
   ``view(n, -1)`` / ``Linear`` before a Linear. Otherwise: "shape unknown (pass example_inputs)";
-- a module involved has forward hooks (they would see or skip the folded values).
+- a module involved has forward hooks or a forward of its own, or is a subclass (see
+  ``matchers``: hooks would see or skip the folded values).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -48,13 +46,7 @@ from torch import fx, nn
 
 from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
-from fxmobile.passes.affine_fold import (
-    PRODUCER_TYPES,
-    fold_affine_into,
-    is_producer,
-    out_channels,
-    scale_output_channels,
-)
+from fxmobile.passes.affine_fold import fold_affine_into, scale_output_channels
 from fxmobile.passes.graph_utils import (
     add_constant,
     attr_of,
@@ -64,208 +56,21 @@ from fxmobile.passes.graph_utils import (
     replace_node,
     tensor_meta,
 )
+from fxmobile.passes.matchers import (
+    BatchNormCall,
+    Producer,
+    arg,
+    match_batchnorm,
+    match_producer,
+    set_arg,
+)
 from fxmobile.passes.stage import FxContext, FxPass
-
-# BatchNorm module -> the input ranks its forward accepts (None: any rank >= 2).
-BATCHNORM_MODULES: dict[type[nn.Module], frozenset[int] | None] = {
-    nn.BatchNorm1d: frozenset({2, 3}),
-    nn.BatchNorm2d: frozenset({4}),
-    nn.BatchNorm3d: frozenset({5}),
-    nn.SyncBatchNorm: None,
-}
-
-# producer module -> (spatial dims, transposed); Linear has 0 spatial dims.
-_PRODUCER_MODULES: dict[type[nn.Module], tuple[int, bool]] = {
-    nn.Conv1d: (1, False),
-    nn.Conv2d: (2, False),
-    nn.Conv3d: (3, False),
-    nn.ConvTranspose1d: (1, True),
-    nn.ConvTranspose2d: (2, True),
-    nn.ConvTranspose3d: (3, True),
-    nn.Linear: (0, False),
-}
-
-_CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
-_CONV_T_ARGS = (*_CONV_ARGS[:5], "output_padding", "groups", "dilation")
-_LINEAR_ARGS = ("input", "weight", "bias")
-_BN_ARGS = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
-
-# function -> (spatial dims, transposed, argument names in order)
-_PRODUCER_FUNCTIONS: dict[Callable[..., Any], tuple[int, bool, tuple[str, ...]]] = {
-    F.conv1d: (1, False, _CONV_ARGS),
-    F.conv2d: (2, False, _CONV_ARGS),
-    F.conv3d: (3, False, _CONV_ARGS),
-    F.conv_transpose1d: (1, True, _CONV_T_ARGS),
-    F.conv_transpose2d: (2, True, _CONV_T_ARGS),
-    F.conv_transpose3d: (3, True, _CONV_T_ARGS),
-    F.linear: (0, False, _LINEAR_ARGS),
-}
-
-
-@dataclass(frozen=True)
-class BatchNormCall:
-    """An inference BatchNorm: its node, its input and its constants."""
-
-    node: fx.Node
-    source: fx.Node
-    mean: torch.Tensor
-    var: torch.Tensor
-    gamma: torch.Tensor | None
-    beta: torch.Tensor | None
-    eps: float
-    ranks: frozenset[int] | None  # input ranks the BN accepts; None: any
-
-    def scale_shift(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``s = gamma / sqrt(var + eps)`` and ``t = beta - mean * s``, in float64."""
-        f64 = torch.float64
-        gamma = torch.ones_like(self.var, dtype=f64) if self.gamma is None else self.gamma.to(f64)
-        beta = torch.zeros_like(self.var, dtype=f64) if self.beta is None else self.beta.to(f64)
-        s = gamma / torch.sqrt(self.var.to(f64) + self.eps)
-        return s, beta - self.mean.to(f64) * s
-
-
-@dataclass(frozen=True)
-class Producer:
-    """The conv / transposed conv / linear call a BN may fold into."""
-
-    node: fx.Node
-    label: str  # "Conv2d", "F.linear", ...
-    spatial_dims: int  # 0 for linear
-    transposed: bool
-    groups: int
-    out_channels: int
-    module: nn.Module | None  # None for the functional form
-    arg_names: tuple[str, ...] = ()  # functional form only
-
-    @property
-    def channel_rank(self) -> int:
-        """The output rank at which dim 1 holds the output channels."""
-        return self.spatial_dims + 2 if self.spatial_dims else 2
-
-    @property
-    def ranks(self) -> frozenset[int] | None:
-        """Output ranks the producer can give: a conv takes batched or unbatched input."""
-        return (
-            frozenset({self.spatial_dims + 1, self.spatial_dims + 2}) if self.spatial_dims else None
-        )
 
 
 @dataclass(frozen=True)
 class Match:
     bn: BatchNormCall
     producer: Producer
-
-
-def _arg(node: fx.Node, names: Sequence[str], name: str, default: Any = None) -> Any:
-    i = names.index(name)
-    return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
-
-
-def _set_arg(node: fx.Node, names: Sequence[str], name: str, value: fx.Node) -> None:
-    i = names.index(name)
-    if len(node.args) > i:
-        node.update_arg(i, value)
-    else:
-        node.update_kwarg(name, value)
-
-
-def _has_hooks(module: nn.Module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks)
-
-
-def _constant(gm: fx.GraphModule, value: Any) -> torch.Tensor | str | None:
-    """The tensor a ``get_attr`` argument reads, None for a literal None, else ``"dynamic"``."""
-    if value is None:
-        return None
-    if isinstance(value, fx.Node) and value.op == "get_attr":
-        tensor = attr_of(gm, value)
-        if isinstance(tensor, torch.Tensor):
-            return tensor
-    return "dynamic"
-
-
-def match_batchnorm(gm: fx.GraphModule, node: fx.Node) -> BatchNormCall | str | None:
-    """``node`` as a foldable BatchNorm, a reason it is not foldable, or None if it is no BN."""
-    if node.op == "call_module":
-        return _module_batchnorm(gm, node)
-    if node.op == "call_function" and node.target is F.batch_norm:
-        return _functional_batchnorm(gm, node)
-    return None
-
-
-def _module_batchnorm(gm: fx.GraphModule, node: fx.Node) -> BatchNormCall | str | None:
-    bn = module_of(gm, node)
-    if not isinstance(bn, nn.modules.batchnorm._BatchNorm):
-        return None
-    if type(bn) not in BATCHNORM_MODULES:
-        return f"BN subclass {type(bn).__name__} may override forward"
-    if bn.training:
-        return "BN in training mode"
-    # in eval, BN uses batch stats when it has no buffers (track_running_stats=False)
-    if bn.running_mean is None or bn.running_var is None:
-        return "BN has no running stats"
-    if _has_hooks(bn):
-        return "BN module has forward hooks"
-    source = node.args[0] if node.args else node.kwargs.get("input")
-    if not isinstance(source, fx.Node):
-        return "BN input is not a tensor node"
-    ranks = BATCHNORM_MODULES[type(bn)]
-    return BatchNormCall(
-        node, source, bn.running_mean, bn.running_var, bn.weight, bn.bias, float(bn.eps), ranks
-    )
-
-
-def _functional_batchnorm(gm: fx.GraphModule, node: fx.Node) -> BatchNormCall | str:
-    training = _arg(node, _BN_ARGS, "training", False)
-    if training is True:
-        return "BN in training mode"
-    eps = _arg(node, _BN_ARGS, "eps", 1e-5)
-    if training is not False or type(eps) not in (int, float):
-        return "BN training flag or eps is not a constant"
-    stats = [_constant(gm, _arg(node, _BN_ARGS, name)) for name in _BN_ARGS[1:5]]
-    if any(isinstance(s, str) for s in stats):
-        return "BN stats or affine params are not constants"
-    mean, var, gamma, beta = (s if isinstance(s, torch.Tensor) else None for s in stats)
-    if mean is None or var is None:
-        return "BN has no running stats"
-    source = _arg(node, _BN_ARGS, "input")
-    if not isinstance(source, fx.Node):
-        return "BN input is not a tensor node"
-    return BatchNormCall(node, source, mean, var, gamma, beta, float(eps), None)
-
-
-def match_producer(gm: fx.GraphModule, node: fx.Node) -> Producer | str:
-    """``node`` as a conv / transposed conv / linear to fold into, or the reason it is not one."""
-    if node.op == "call_module":
-        module = module_of(gm, node)
-        assert module is not None
-        if not is_producer(module):
-            base = next((t for t in PRODUCER_TYPES if isinstance(module, t)), None)
-            if base is None:
-                return "BN input is not a conv, transposed conv or linear"
-            name = type(module).__name__
-            return f"{name} is a subclass of {base.__name__} (may override forward)"
-        if _has_hooks(module):
-            return "producer module has forward hooks"
-        dims, transposed = _PRODUCER_MODULES[type(module)]
-        groups = int(getattr(module, "groups", 1))
-        label = type(module).__name__
-        return Producer(node, label, dims, transposed, groups, out_channels(module), module)
-    if node.op != "call_function" or node.target not in _PRODUCER_FUNCTIONS:
-        return "BN input is not a conv, transposed conv or linear"
-    dims, transposed, names = _PRODUCER_FUNCTIONS[node.target]
-    weight = _constant(gm, _arg(node, names, "weight"))
-    bias = _constant(gm, _arg(node, names, "bias"))
-    if not isinstance(weight, torch.Tensor) or isinstance(bias, str):
-        return "producer weight or bias is not a constant"
-    groups = _arg(node, names, "groups", 1) if dims else 1
-    if type(groups) is not int:
-        return "producer groups is not a constant"
-    if weight.dim() != (dims + 2 if dims else 2):
-        return "producer weight has an unexpected rank"
-    out = weight.shape[1] * groups if transposed else weight.shape[0]
-    label = f"F.{getattr(node.target, '__name__', 'conv')}"
-    return Producer(node, label, dims, transposed, groups, int(out), None, names)
 
 
 def _proven_rank(gm: fx.GraphModule, node: fx.Node) -> int | None:
@@ -278,7 +83,7 @@ def _proven_rank(gm: fx.GraphModule, node: fx.Node) -> int | None:
     if type(module) is nn.Flatten:
         start, end = module.start_dim, module.end_dim
     elif node.target is torch.flatten or (node.op == "call_method" and node.target == "flatten"):
-        start, end = _arg(node, names, "start_dim", 0), _arg(node, names, "end_dim", -1)
+        start, end = arg(node, names, "start_dim", 0), arg(node, names, "end_dim", -1)
     elif type(module) is nn.Linear or (node.op == "call_function" and node.target is F.linear):
         source = node.args[0] if node.args else node.kwargs.get("input")
         return _proven_rank(gm, source) if isinstance(source, fx.Node) else None
@@ -326,6 +131,8 @@ def can_fold(gm: fx.GraphModule, node: fx.Node) -> Match | str | None:
     if bn is None or isinstance(bn, str):
         return bn
     producer = match_producer(gm, bn.source)
+    if producer is None:
+        return "BN input is not a conv, transposed conv or linear"
     if isinstance(producer, str):
         return producer
     if len(producer.node.users) != 1:
@@ -368,8 +175,8 @@ def _fold_into_function(
     gm: fx.GraphModule, producer: Producer, scale: torch.Tensor, shift: torch.Tensor
 ) -> None:
     node, names = producer.node, producer.arg_names
-    weight_node = _arg(node, names, "weight")
-    bias_node = _arg(node, names, "bias")
+    weight_node = arg(node, names, "weight")
+    bias_node = arg(node, names, "bias")
     weight = attr_of(gm, weight_node)
     bias = torch.zeros_like(scale) if bias_node is None else attr_of(gm, bias_node).double()
     groups, transposed = producer.groups, producer.transposed
@@ -379,8 +186,8 @@ def _fold_into_function(
     with gm.graph.inserting_before(node):
         w_attr = gm.graph.get_attr(add_constant(gm, base, new_w.to(weight.dtype)))
         b_attr = gm.graph.get_attr(add_constant(gm, f"{base}_bias", new_b.to(weight.dtype)))
-    _set_arg(node, names, "weight", w_attr)
-    _set_arg(node, names, "bias", b_attr)
+    set_arg(node, names, "weight", w_attr)
+    set_arg(node, names, "bias", b_attr)
     _erase_unused_constants(gm, (weight_node, bias_node))
 
 

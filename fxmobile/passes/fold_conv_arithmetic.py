@@ -7,12 +7,13 @@
     c + conv(x), c * conv(x)                   (commuted; ``alpha`` of torch.add/sub scales c,
                                                 or scales conv(x) in ``torch.add(c, y, alpha=a)``)
 
-Producers: ``nn.Conv1d/2d/3d``, ``nn.ConvTranspose1d/2d/3d``, ``nn.Linear`` (constant per last
-dim) and ``F.conv*`` / ``F.conv_transpose*`` / ``F.linear`` whose weight and bias are ``get_attr``
-tensors. Operations: ``operator.add/sub/mul/truediv``, ``torch.add/sub/mul/div`` (and their
-aliases) and the methods of the same names. A chain (``conv -> *2 -> +1 -> /3``) is composed into
-one affine map ``z = y * s + t`` in float64 and folded once, through ``affine_fold``, which keeps
-the producer's dtype and handles the transposed-conv weight axis. A module called at several
+Producers (``nn.Conv*``, ``nn.ConvTranspose*``, ``nn.Linear``, with the constant per last dim,
+and their functional forms with ``get_attr`` weights) are matched by ``fxmobile.passes.matchers``:
+exact types, no hooks, no instance ``forward``. Operations: ``operator.add/sub/mul/truediv``,
+``torch.add/sub/mul/div`` (and their aliases) and the methods of the same names. A chain
+(``conv -> *2 -> +1 -> /3``) is composed into one affine map ``z = y * s + t`` in float64 and
+folded once, through ``affine_fold``, which keeps the producer's dtype and handles the
+transposed-conv weight axis. A module called at several
 sites is never mutated: the folded site gets a new submodule.
 
 The constant ``c`` is a Python number or a ``get_attr`` tensor that broadcasts per output channel:
@@ -38,17 +39,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import fx
 
 from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
-from fxmobile.passes.affine_fold import (
-    PRODUCER_TYPES,
-    fold_affine_into,
-    out_channels,
-    scale_output_channels,
-)
+from fxmobile.passes.affine_fold import fold_affine_into, scale_output_channels
 from fxmobile.passes.graph_utils import (
     add_constant,
     attr_of,
@@ -57,6 +52,7 @@ from fxmobile.passes.graph_utils import (
     module_of,
     tensor_meta,
 )
+from fxmobile.passes.matchers import Producer, arg, constant_tensor, match_producer, set_arg
 from fxmobile.passes.stage import FxContext, FxPass
 
 
@@ -99,30 +95,6 @@ _KEYWORDS: dict[Arith, frozenset[str]] = {
     Arith.DIV: frozenset({"rounding_mode"}),
 }
 
-# F.conv* / F.linear -> (dims after the channel axis, transposed)
-_FUNCTIONAL_PRODUCERS: dict[Any, tuple[int, bool]] = {
-    F.conv1d: (1, False),
-    F.conv2d: (2, False),
-    F.conv3d: (3, False),
-    F.conv_transpose1d: (1, True),
-    F.conv_transpose2d: (2, True),
-    F.conv_transpose3d: (3, True),
-    F.linear: (0, False),
-}
-
-
-@dataclass(frozen=True)
-class Producer:
-    """A layer whose output is ``W * x + b`` per output channel."""
-
-    node: fx.Node
-    label: str  # "conv" or "linear", for skip reasons
-    channels: int
-    trailing_dims: int  # dims after the channel axis: the spatial dims of a conv, 0 for linear
-    max_rank: int | None  # a conv's output has at most trailing_dims + 2 dims; linear: any
-    dtype: torch.dtype
-    device: torch.device
-
 
 @dataclass(frozen=True)
 class Step:
@@ -134,50 +106,6 @@ class Step:
     vector: torch.Tensor  # c, float64, one entry per output channel
     alpha: float
     constant_node: fx.Node | None
-
-
-def _arg(node: fx.Node, position: int, keyword: str, default: Any) -> Any:
-    if len(node.args) > position:
-        return node.args[position]
-    return node.kwargs.get(keyword, default)
-
-
-def _tensor_attr(gm: fx.GraphModule, value: Any) -> torch.Tensor | None:
-    if isinstance(value, fx.Node) and value.op == "get_attr":
-        attr = attr_of(gm, value)
-        if isinstance(attr, torch.Tensor):
-            return attr
-    return None
-
-
-def _producer(node: fx.Node, spatial: int, channels: int, weight: torch.Tensor) -> Producer:
-    if spatial == 0:
-        return Producer(node, "linear", channels, 0, None, weight.dtype, weight.device)
-    return Producer(node, "conv", channels, spatial, spatial + 2, weight.dtype, weight.device)
-
-
-def match_producer(gm: fx.GraphModule, node: fx.Node) -> Producer | str | None:
-    """The producer ``node`` is, a reason it cannot take a fold, or None when it is no producer."""
-    module = module_of(gm, node)
-    if module is not None:
-        if type(module) not in PRODUCER_TYPES:
-            return None
-        weight: torch.Tensor = module.weight  # type: ignore[assignment]
-        spatial = weight.dim() - 2
-        return _producer(node, spatial, out_channels(module), weight)
-    if node.op != "call_function" or node.target not in _FUNCTIONAL_PRODUCERS:
-        return None
-    spatial, transposed = _FUNCTIONAL_PRODUCERS[node.target]
-    label = "linear" if spatial == 0 else "conv"
-    weight_ = _tensor_attr(gm, _arg(node, 1, "weight", None))
-    bias = _arg(node, 2, "bias", None)
-    if weight_ is None or (bias is not None and _tensor_attr(gm, bias) is None):
-        return f"functional {label} weight or bias is not a get_attr tensor"
-    groups = _arg(node, 6, "groups", 1) if spatial else 1
-    if type(groups) is not int:
-        return f"functional {label} groups is not a constant"
-    channels = weight_.shape[1] * groups if transposed else weight_.shape[0]
-    return _producer(node, spatial, int(channels), weight_)
 
 
 def _match_arith(node: fx.Node, operand: fx.Node) -> tuple[Arith, bool, Any] | None:
@@ -210,23 +138,23 @@ def _has_constant_arith_user(node: fx.Node) -> bool:
 def _channel_vector(p: Producer, value: torch.Tensor, out_rank: int | None) -> torch.Tensor | str:
     """``value`` as one float64 entry per output channel, or why it does not broadcast so."""
     for i, size in enumerate(reversed(value.shape)):
-        if size == 1 or (i == p.trailing_dims and size == p.channels):
+        if size == 1 or (i == p.spatial_dims and size == p.out_channels):
             continue
-        if i < p.trailing_dims:
+        if i < p.spatial_dims:
             return "constant varies over spatial dims"
-        if i > p.trailing_dims:
+        if i > p.spatial_dims:
             return "constant varies over the batch dim"
-        return f"constant has {size} channels, {p.label} has {p.channels}"
-    if value.dim() > p.trailing_dims + 1:
+        return f"constant has {size} channels, {p.kind} has {p.out_channels}"
+    if value.dim() > p.spatial_dims + 1:
         # Leading dims of 1 widen an output that has fewer dims (an unbatched conv's, say).
-        if p.max_rank is not None and value.dim() > p.max_rank:
-            return f"constant has more dims than the {p.label} output"
+        if p.spatial_dims and value.dim() > p.spatial_dims + 2:
+            return f"constant has more dims than the {p.kind} output"
         if out_rank is None:
             return "shape unknown (pass example_inputs)"
         if value.dim() > out_rank:
-            return f"constant has more dims than the {p.label} output"
-    vector = value.detach().to(device=p.device, dtype=torch.float64).reshape(-1)
-    return vector.expand(p.channels) if vector.numel() == 1 else vector
+            return f"constant has more dims than the {p.kind} output"
+    vector = value.detach().to(device=p.weight.device, dtype=torch.float64).reshape(-1)
+    return vector.expand(p.out_channels) if vector.numel() == 1 else vector
 
 
 def can_fold(gm: fx.GraphModule, p: Producer, y: fx.Node) -> Step | str | None:
@@ -238,15 +166,15 @@ def can_fold(gm: fx.GraphModule, p: Producer, y: fx.Node) -> Step | str | None:
     if not users or not _has_constant_arith_user(y):
         return None
     if len(users) != 1:
-        return f"{p.label} output has {len(users)} users"
+        return f"{p.kind} output has {len(users)} users"
     node = users[0]
     matched = _match_arith(node, y)
     assert matched is not None
     op, commuted, constant = matched
     if commuted and op is Arith.SUB:
-        return f"constant minus {p.label} output (c - y) is not folded"
+        return f"constant minus {p.kind} output (c - y) is not folded"
     if commuted and op is Arith.DIV:
-        return f"constant divided by {p.label} output (c / y) is not affine"
+        return f"constant divided by {p.kind} output (c / y) is not affine"
     allowed = _KEYWORDS.get(op, frozenset())
     if set(node.kwargs) - allowed:
         return f"{op.value} has unsupported keyword arguments"
@@ -255,24 +183,24 @@ def can_fold(gm: fx.GraphModule, p: Producer, y: fx.Node) -> Step | str | None:
     alpha: Any = node.kwargs.get("alpha", 1)
     if type(alpha) not in (int, float) or not math.isfinite(alpha):
         return "alpha is not a finite number"
-    if not p.dtype.is_floating_point:
-        return f"{p.label} output is not floating point"
-    value = _tensor_attr(gm, constant) if isinstance(constant, fx.Node) else constant
-    if value is None:
+    if not p.weight.dtype.is_floating_point:
+        return f"{p.kind} output is not floating point"
+    value = constant_tensor(gm, constant) if isinstance(constant, fx.Node) else constant
+    if value is None or isinstance(value, str):
         return "constant get_attr is not a tensor"
-    promoted = torch.result_type(torch.empty(1, dtype=p.dtype), value)
-    if promoted != p.dtype:
-        return f"constant would promote the {p.label} output from {p.dtype} to {promoted}"
+    promoted = torch.result_type(torch.empty(1, dtype=p.weight.dtype), value)
+    if promoted != p.weight.dtype:
+        return f"constant would promote the {p.kind} output from {p.weight.dtype} to {promoted}"
     if isinstance(value, torch.Tensor):
-        if value.device != p.device:
-            return f"constant is on {value.device}, {p.label} on {p.device}"
+        if value.device != p.weight.device:
+            return f"constant is on {value.device}, {p.kind} on {p.weight.device}"
         meta = tensor_meta(p.node)
         out_rank = len(meta.shape) if hasattr(meta, "shape") else None
         vector = _channel_vector(p, value, out_rank)
         if isinstance(vector, str):
             return vector
     else:
-        vector = torch.full((p.channels,), value, dtype=torch.float64, device=p.device)
+        vector = torch.full((p.out_channels,), value, dtype=torch.float64, device=p.weight.device)
     if not bool(torch.isfinite(vector).all()):
         return "constant is not finite"
     if op is Arith.DIV and bool((vector == 0).any()):
@@ -297,25 +225,15 @@ def compose(
     return scale / c, shift / c  # y / c
 
 
-def _set_arg(node: fx.Node, position: int, keyword: str, value: fx.Node) -> None:
-    if len(node.args) > position:
-        args = list(node.args)
-        args[position] = value
-        node.args = tuple(args)
-    else:
-        node.kwargs = {**node.kwargs, keyword: value}
-
-
 def _fold_functional(
     gm: fx.GraphModule, p: Producer, scale: torch.Tensor, shift: torch.Tensor
 ) -> None:
     node = p.node
-    _, transposed = _FUNCTIONAL_PRODUCERS[node.target]
-    weight_node = _arg(node, 1, "weight", None)
-    bias_node = _arg(node, 2, "bias", None)
+    names = p.arg_names
+    weight_node = arg(node, names, "weight")
+    bias_node = arg(node, names, "bias")
     weight = attr_of(gm, weight_node)
-    groups = int(_arg(node, 6, "groups", 1)) if p.trailing_dims else 1
-    new_w = scale_output_channels(weight, scale, transposed=transposed, groups=groups)
+    new_w = scale_output_channels(weight, scale, transposed=p.transposed, groups=p.groups)
     bias = attr_of(gm, bias_node) if bias_node is not None else None
     b = bias.detach().to(torch.float64) if bias is not None else torch.zeros_like(scale)
     new_b = b * scale + shift
@@ -324,8 +242,8 @@ def _fold_functional(
     with gm.graph.inserting_before(node):
         w_attr = gm.graph.get_attr(w_name)
         b_attr = gm.graph.get_attr(b_name)
-    _set_arg(node, 1, "weight", w_attr)
-    _set_arg(node, 2, "bias", b_attr)
+    set_arg(node, names, "weight", w_attr)
+    set_arg(node, names, "bias", b_attr)
     for old in (weight_node, bias_node):
         if isinstance(old, fx.Node) and not old.users:
             gm.graph.erase_node(old)
@@ -333,8 +251,8 @@ def _fold_functional(
 
 def fold_steps(gm: fx.GraphModule, p: Producer, steps: list[Step]) -> None:
     """Fold ``steps`` (a chain on ``p``'s output) into ``p`` and remove them from the graph."""
-    scale = torch.ones(p.channels, dtype=torch.float64, device=p.device)
-    shift = torch.zeros(p.channels, dtype=torch.float64, device=p.device)
+    scale = torch.ones(p.out_channels, dtype=torch.float64, device=p.weight.device)
+    shift = torch.zeros(p.out_channels, dtype=torch.float64, device=p.weight.device)
     for step in steps:
         scale, shift = compose(scale, shift, step)
     module = module_of(gm, p.node)

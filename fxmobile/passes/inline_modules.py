@@ -32,6 +32,7 @@ from torch import fx, nn
 from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.graph_utils import attr_of, fresh_attr_name, module_of
+from fxmobile.passes.matchers import why_customized
 from fxmobile.passes.stage import FxContext, FxPass
 
 
@@ -196,13 +197,7 @@ def _inline_call(gm: fx.GraphModule, node: fx.Node) -> Call | str | None:
         return None
     if len(node.args) != 1 or node.kwargs or not isinstance(node.args[0], fx.Node):
         return f"{type(module).__name__} called with more than one input"
-    if _customized(module):
-        return f"{type(module).__name__} runs hooks or has its own forward"
+    customized = why_customized(module)
+    if customized:
+        return customized
     return inliner(module) or f"{type(module).__name__} configuration has no functional form"
-
-
-def _customized(module: nn.Module) -> bool:
-    """The call does more than the class's forward: hooks run around it (old-style weight
-    norm is a pre-hook), or the instance has a forward of its own."""
-    hooks = (module._forward_hooks, module._forward_pre_hooks)
-    return any(hooks) or "forward" in vars(module)

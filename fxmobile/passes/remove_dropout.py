@@ -29,6 +29,7 @@ from torch import fx, nn
 from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.graph_utils import erase_unused_attributes, module_of, replace_node
+from fxmobile.passes.matchers import why_customized
 from fxmobile.passes.stage import FxContext, FxPass
 
 DROPOUT_MODULES: tuple[type[nn.Module], ...] = (
@@ -80,6 +81,10 @@ class RemoveDropout(FxPass):
                     continue
                 if module.training and not _never_drops(module.p):
                     skips.add("dropout module in training mode")
+                    continue
+                customized = why_customized(module)
+                if customized:
+                    skips.add(customized)
                     continue
             elif node.op == "call_function" and node.target in DROPOUT_FUNCTIONS:
                 training = _training_arg(node, *DROPOUT_FUNCTIONS[node.target])

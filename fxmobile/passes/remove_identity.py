@@ -30,6 +30,7 @@ from fxmobile.passes.graph_utils import (
     tensor_meta,
     written_in_place,
 )
+from fxmobile.passes.matchers import why_customized
 from fxmobile.passes.stage import FxContext, FxPass
 
 # target -> (neutral element, whether the neutral element may come first)
@@ -100,8 +101,10 @@ class RemoveIdentity(FxPass):
     def call(self, gm: fx.GraphModule, ctx: FxContext) -> PassResult[fx.GraphModule]:
         rewrites, skips = 0, Skips()
         for node in list(gm.graph.nodes):
-            if node.op == "call_module" and type(module_of(gm, node)) is nn.Identity:
-                source = node.args[0] if node.args else None
+            module = module_of(gm, node)
+            if type(module) is nn.Identity:
+                assert module is not None
+                source = why_customized(module) or (node.args[0] if node.args else None)
             else:
                 source = _neutral_operand(node)
                 if isinstance(source, fx.Node) and _copy_is_observable(gm, node, source):

@@ -35,7 +35,9 @@ eager ones (conv kernels differ in summation order: rounding differences only). 
 When it gives up: without example inputs (``input rank unknown (pass example_inputs)``); on
 inputs that are not 4-D tensors, or that reach no 2-D conv (nothing to gain). The whole pass
 is declined when a value it reaches meets an op that reads strides (``as_strided``,
-``stride()``, ``data_ptr()``, ``is_contiguous()``, ``numpy()``), or when the rewritten graph
+``stride()``, ``data_ptr()``, ``is_contiguous()``, ``numpy()``) or a module kept with its hooks
+(they would see the new layout, and the fake-tensor check below would run them), or when the
+rewritten graph
 fails to run on fake tensors shaped like the example inputs (a ``.view`` that needs contiguous
 memory: use ``.reshape``); every change is then undone. Fake tensors run the meta kernels,
 which pick the same output layouts as the CPU kernels, without computing anything (about
@@ -80,6 +82,7 @@ NO_SHAPES = "input rank unknown (pass example_inputs)"
 STRIDES = "a value it reaches meets an op that reads strides (as_strided, stride())"
 BREAKS = "channels-last breaks a stride-dependent op (e.g. .view: use .reshape)"
 UNCHECKED = "layout change not checked: the graph does not run on fake tensors"
+HOOKED = "a value it reaches goes through a hooked module (its hooks would see the new layout)"
 
 
 def can_convert_input(node: fx.Node, shapes_known: bool) -> str | None:
@@ -113,6 +116,11 @@ def _downstream(starts: Iterable[fx.Node]) -> set[fx.Node]:
             seen.add(node)
             stack.extend(node.users)
     return seen
+
+
+def _hooked(gm: fx.GraphModule, node: fx.Node) -> bool:
+    module = module_of(gm, node)
+    return module is not None and ops.has_hooks(module)
 
 
 def _reads_strides(node: fx.Node) -> bool:
@@ -242,6 +250,9 @@ class ToChannelsLast(FxPass):
         affected = _affected(gm, plan)
         if any(_reads_strides(n) for n in affected):
             skips.add(STRIDES)
+            return PassResult(gm, 0, dict(skips))
+        if any(_hooked(gm, n) for n in affected):
+            skips.add(HOOKED)
             return PassResult(gm, 0, dict(skips))
         if any(_written_through_reshape(gm, n) for n in affected):
             skips.add(RESHAPED_WRITE)

@@ -91,6 +91,19 @@ class OutputCheck:
         }
 
 
+@dataclass(frozen=True)
+class HookRecord:
+    """One module hook capture met, and what it did with it."""
+
+    module: str  # qualified name, "" for the model itself
+    kind: str  # "forward pre-hook", "forward hook (with kwargs)", "backward hook"
+    hook: str  # the hook function's qualified name
+    action: str  # traced into the graph, kept with its module (and why), or no effect
+
+    def to_dict(self) -> dict[str, str]:
+        return {"module": self.module, "kind": self.kind, "hook": self.hook, "action": self.action}
+
+
 @dataclass
 class Report:
     """Everything fxmobile did to one model, in order."""
@@ -110,6 +123,9 @@ class Report:
     _file_bytes: int | None = field(default=None, repr=False)
     _file_size: Callable[[], int] | None = field(default=None, repr=False, compare=False)
     lints: list[dict[str, str]] | None = None  # generate_mobile_module_lints of the result
+    hooks: list[HookRecord] = field(default_factory=list)
+    # parametrizations evaluated into plain parameters, by kind (weight_norm, _SpectralNorm...)
+    parametrizations: dict[str, int] = field(default_factory=dict)
     optimize_seconds: float | None = None  # the passes, scripting and freezing
     check_seconds: float | None = None  # eager's reference run and the optimized module's run
 
@@ -159,6 +175,8 @@ class Report:
             "unfused_ops": self.unfused_ops,
             "file_bytes": self.file_bytes,
             "lints": self.lints,
+            "hooks": [h.to_dict() for h in self.hooks],
+            "parametrizations": dict(self.parametrizations),
             "optimize_seconds": self.optimize_seconds,
             "check_seconds": self.check_seconds,
         }

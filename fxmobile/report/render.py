@@ -69,6 +69,15 @@ def render(report: Report, fmt: str) -> str:
             tablefmt=fmt,
         )
     )
+    if report.hooks:
+        rows = [[h.module or "<model>", h.kind, h.hook, h.action] for h in report.hooks]
+        headers = ["hooked module", "hook", "function", "what fxmobile did"]
+        parts.append(
+            tabulate(rows, headers=headers, tablefmt=fmt, maxcolwidths=[None, None, 30, 60])
+        )
+    if report.parametrizations:
+        baked = ", ".join(f"{kind} {n}" for kind, n in sorted(report.parametrizations.items()))
+        parts.append(f"parametrizations evaluated into plain parameters: {baked}")
     if report.numerics is not None:
         parts.append(numerics_table(report.numerics, fmt))
     if report.ops_after is not None:

@@ -43,6 +43,17 @@ def clone_script_module(module: torch.jit.ScriptModule) -> torch.jit.ScriptModul
     return copy.deepcopy(module)
 
 
+def _alias_aware_type_as(gm: fx.GraphModule) -> None:
+    """``a.type_as(b)`` -> ``a.to(b)``: the same op (dtype and device of ``b``), but
+    TorchScript's schema for ``type_as`` calls its result fresh, although it is ``a`` itself when
+    nothing converts, so TorchScript removed a write through it as dead code; ``to`` carries the
+    alias annotation."""
+    for node in gm.graph.nodes:
+        if node.op == "call_method" and node.target == "type_as" and len(node.args) == 2:
+            node.target = "to"
+    gm.recompile()
+
+
 def _drop_return_annotation(gm: fx.GraphModule) -> None:
     for node in gm.graph.nodes:
         if node.op == "output":
@@ -55,6 +66,7 @@ def to_torchscript(
 ) -> tuple[torch.jit.ScriptModule, str | None]:
     """A ``ScriptModule`` for ``gm``, and a note when it had to be traced instead of scripted."""
     _drop_return_annotation(gm)
+    _alias_aware_type_as(gm)
     try:
         return quietly_script(gm), None
     except Exception as exc:
