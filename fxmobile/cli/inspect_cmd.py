@@ -5,7 +5,10 @@ report's ``op_histogram``: submodule calls inlined, bookkeeping nodes left out),
 runtime still dispatches one by one (``unfused_ops``), the packed contexts (custom-class objects
 held as attributes or graph constants, e.g. ``__torch__.torch.classes.xnnpack.Conv2dOpContext``,
 with the shape of the first tensor of their state: the weight), and the operator list the lite
-interpreter needs (when the file has lite-interpreter bytecode).
+interpreter needs and its mobile compatibility (when the file has lite-interpreter bytecode): its
+bytecode and operator versions, the operators whose meaning torch has changed, and which
+reference runtime loads it as saved or after ``fxmobile.runtime.compat.backport_for``, from
+the ranges measured on those runtimes (``fxmobile check`` loads it in them for real).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import torch.jit.mobile
 
 from fxmobile.cli.common import Console, human_bytes, table
 from fxmobile.cli.script_files import has_bytecode, load_lite, load_script_module
+from fxmobile.runtime.compat import file_compatibility
+from fxmobile.runtime.install import RUNTIMES
 from fxmobile.script.graph_utils import iter_nodes, op_histogram, unfused_ops
 from fxmobile.script.jit_passes import jit
 
@@ -59,6 +64,7 @@ class Inspection:
     packed_contexts: list[PackedContext]
     lite_operators: list[str] | None
     lite_operators_note: str | None
+    compatibility: dict[str, Any] | None  # FileCompatibility.to_dict(); None without bytecode
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,6 +82,7 @@ def inspect_file(path: Path) -> Inspection:
     names = list(module._c._method_names())
     methods = sorted(names, key=lambda name: (name != "forward", name))
     operators, note = _lite_operators(path)
+    compatibility = file_compatibility(path) if has_bytecode(path) else None
     return Inspection(
         file=str(path),
         file_bytes=path.stat().st_size,
@@ -87,6 +94,7 @@ def inspect_file(path: Path) -> Inspection:
         packed_contexts=packed_contexts(module, methods),
         lite_operators=operators,
         lite_operators_note=note,
+        compatibility=None if compatibility is None else compatibility.to_dict(),
     )
 
 
@@ -166,7 +174,46 @@ def _render(found: Inspection, fmt: str, every_context: bool) -> str:
     else:
         listing = textwrap.fill(", ".join(found.lite_operators), width=100)
         parts.append(f"lite-interpreter operators ({len(found.lite_operators)}):\n{listing}")
+    if found.compatibility is not None:
+        parts.append(compatibility_text(found.compatibility, fmt))
     return "\n\n".join(parts)
+
+
+def compatibility_text(found: dict[str, Any], fmt: str) -> str:
+    """Versions, changed operators and the per-runtime verdicts of ``FileCompatibility``."""
+    changed = found["versioned_operators"]
+    listed = ", ".join(f"{op['name']} {op['version']}" for op in changed) if changed else "none"
+    head = textwrap.fill(
+        f"mobile compatibility: bytecode {found['bytecode_version']}, operator version "
+        f"{found['operator_version']}; operators whose meaning torch changed, and at which "
+        f"operator version: {listed}",
+        width=100,
+    )
+    rows: list[list[object]] = [
+        [
+            f"torch {name}",
+            "yes" if verdict["loads"] else "no",
+            "yes" if verdict["after_backport"] else "no",
+            verdict["reason"],
+        ]
+        for name, verdict in found["verdicts"].items()
+    ]
+    headers = ["reference runtime", "loads as saved", "after backport_for", "why"]
+    oldest = found["oldest_runtime"] or found["oldest_after_backport"]
+    if found["oldest_runtime"]:
+        tail = f"oldest reference runtime that loads it: torch {oldest} ({RUNTIMES[oldest].role})"
+    elif oldest:
+        tail = f"oldest reference runtime that loads it: torch {oldest}, after backport_for"
+    else:
+        tail = "no reference runtime loads it"
+    checked = found["operators_checked"]
+    tail += (
+        f"; operators checked against torch {', '.join(checked)}"
+        if checked
+        else "; from the bytecode and operator versions (fxmobile check loads it in them)"
+    )
+    verdicts = table(rows, headers, fmt, [None, None, None, 60], numbers=False)
+    return "\n".join([head, verdicts, textwrap.fill(tail, width=100)])
 
 
 def _ops_table(found: Inspection, fmt: str) -> str:
