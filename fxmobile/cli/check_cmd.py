@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fxmobile.cli.common import CliError, Console, input_shape, positive_int, table
+from fxmobile.cli.common import TABLE_FORMATS, CliError, Console, input_shape, positive_int
 from fxmobile.cli.models import SEED, random_inputs
 from fxmobile.cli.script_files import has_bytecode
 from fxmobile.report.numerics import DEFAULT_TOLERANCE
@@ -22,6 +22,7 @@ from fxmobile.runtime.check import (
     RuntimeCheck,
     bundled_inputs,
     check_on_runtimes,
+    checks_table,
     here_kernels,
     runtime_versions,
 )
@@ -120,40 +121,4 @@ def _render(
         f"{path}: bytecode {version}; inputs {inputs}; compared with the file run here "
         f"({here_kernels()}), tolerance {args.tolerance:g}"
     )
-    rows: list[list[object]] = [_row(check) for check in found]
-    headers = [
-        "runtime",
-        "kernels",
-        "loads",
-        f"bytecode {version} accepted",
-        "max abs err",
-        "relative",
-        "check",
-    ]
-    parts = [head, table(rows, headers, args.format, numbers=False)]
-    for check in found:
-        if check.error:
-            parts.append(f"torch {check.runtime}: {check.error}")
-    return "\n\n".join(parts)
-
-
-def _row(check: RuntimeCheck) -> list[object]:
-    low, high = check.bytecode_range
-    accepted = f"{'yes' if check.bytecode_accepted else 'no'} ({low}-{high})"
-    if check.passed:
-        verdict = "ok"
-    elif not check.loads:
-        verdict = "LOAD FAILED"
-    elif not check.checks:
-        verdict = "RUN FAILED"
-    else:
-        verdict = "MISMATCH"
-    return [
-        f"torch {check.runtime}",
-        check.kernels,
-        "yes" if check.loads else "no",
-        accepted,
-        "-" if check.max_abs_error is None else f"{check.max_abs_error:.3g}",
-        "-" if check.relative_error is None else f"{check.relative_error:.3g}",
-        verdict,
-    ]
+    return f"{head}\n\n{checks_table(found, TABLE_FORMATS[args.format])}"

@@ -24,10 +24,9 @@ from typing import Any
 import torch
 import torch.jit.mobile
 
-from fxmobile.cli.common import Console, human_bytes, table
+from fxmobile.cli.common import TABLE_FORMATS, Console, human_bytes, table
 from fxmobile.cli.script_files import has_bytecode, load_lite, load_script_module
-from fxmobile.runtime.compat import file_compatibility
-from fxmobile.runtime.install import RUNTIMES
+from fxmobile.runtime.compat import compatibility_text, file_compatibility
 from fxmobile.script.graph_utils import iter_nodes, op_histogram, unfused_ops
 from fxmobile.script.jit_passes import jit
 
@@ -175,45 +174,8 @@ def _render(found: Inspection, fmt: str, every_context: bool) -> str:
         listing = textwrap.fill(", ".join(found.lite_operators), width=100)
         parts.append(f"lite-interpreter operators ({len(found.lite_operators)}):\n{listing}")
     if found.compatibility is not None:
-        parts.append(compatibility_text(found.compatibility, fmt))
+        parts.append(compatibility_text(found.compatibility, TABLE_FORMATS[fmt]))
     return "\n\n".join(parts)
-
-
-def compatibility_text(found: dict[str, Any], fmt: str) -> str:
-    """Versions, changed operators and the per-runtime verdicts of ``FileCompatibility``."""
-    changed = found["versioned_operators"]
-    listed = ", ".join(f"{op['name']} {op['version']}" for op in changed) if changed else "none"
-    head = textwrap.fill(
-        f"mobile compatibility: bytecode {found['bytecode_version']}, operator version "
-        f"{found['operator_version']}; operators whose meaning torch changed, and at which "
-        f"operator version: {listed}",
-        width=100,
-    )
-    rows: list[list[object]] = [
-        [
-            f"torch {name}",
-            "yes" if verdict["loads"] else "no",
-            "yes" if verdict["after_backport"] else "no",
-            verdict["reason"],
-        ]
-        for name, verdict in found["verdicts"].items()
-    ]
-    headers = ["reference runtime", "loads as saved", "after backport_for", "why"]
-    oldest = found["oldest_runtime"] or found["oldest_after_backport"]
-    if found["oldest_runtime"]:
-        tail = f"oldest reference runtime that loads it: torch {oldest} ({RUNTIMES[oldest].role})"
-    elif oldest:
-        tail = f"oldest reference runtime that loads it: torch {oldest}, after backport_for"
-    else:
-        tail = "no reference runtime loads it"
-    checked = found["operators_checked"]
-    tail += (
-        f"; operators checked against torch {', '.join(checked)}"
-        if checked
-        else "; from the bytecode and operator versions (fxmobile check loads it in them)"
-    )
-    verdicts = table(rows, headers, fmt, [None, None, None, 60], numbers=False)
-    return "\n".join([head, verdicts, textwrap.fill(tail, width=100)])
 
 
 def _ops_table(found: Inspection, fmt: str) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.jit.mobile
+from tabulate import tabulate
 
 from fxmobile.backends.library import OpFamily, Provider, ensure_registered, registration_status
 from fxmobile.errors import InvalidValueError
@@ -198,3 +199,45 @@ def _closing(loaded: Any) -> Iterator[None]:
         yield
     finally:
         loaded.close()
+
+
+def checks_table(found: Sequence[RuntimeCheck], tablefmt: str = "simple") -> str:
+    """One row per runtime (the kernels it ran on, whether it loads, whether its recorded
+    bytecode range takes the file, the worst error, the verdict), then each runtime's own
+    message where it refused or failed."""
+    rows = [_row(check) for check in found]
+    version = found[0].bytecode_version if found else "?"
+    headers = [
+        "runtime",
+        "kernels",
+        "loads",
+        f"bytecode {version} accepted",
+        "max abs err",
+        "relative",
+        "check",
+    ]
+    parts = [tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)]
+    parts += [f"torch {check.runtime}: {check.error}" for check in found if check.error]
+    return "\n\n".join(parts)
+
+
+def _row(check: RuntimeCheck) -> list[str]:
+    low, high = check.bytecode_range
+    accepted = f"{'yes' if check.bytecode_accepted else 'no'} ({low}-{high})"
+    if check.passed:
+        verdict = "ok"
+    elif not check.loads:
+        verdict = "LOAD FAILED"
+    elif not check.checks:
+        verdict = "RUN FAILED"
+    else:
+        verdict = "MISMATCH"
+    return [
+        f"torch {check.runtime}",
+        check.kernels,
+        "yes" if check.loads else "no",
+        accepted,
+        "-" if check.max_abs_error is None else f"{check.max_abs_error:.3g}",
+        "-" if check.relative_error is None else f"{check.relative_error:.3g}",
+        verdict,
+    ]

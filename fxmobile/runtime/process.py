@@ -22,7 +22,7 @@ import signal
 import subprocess
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -340,24 +340,19 @@ def _child_environment(threads: int) -> dict[str, str]:
     return env
 
 
-class _as_path:
-    """A context giving an absolute path for ``file``: bytes go to a temporary file."""
-
-    def __init__(self, file: Path | str | bytes) -> None:
-        self.file = file
-        self.temporary: str | None = None
-
-    def __enter__(self) -> str:
-        if isinstance(self.file, bytes):
-            handle, self.temporary = tempfile.mkstemp(suffix=".ptl", prefix="fxmobile-")
-            with os.fdopen(handle, "wb") as f:
-                f.write(self.file)
-            return self.temporary
-        path = Path(self.file)
+@contextlib.contextmanager
+def _as_path(file: Path | str | bytes) -> Iterator[str]:
+    """An absolute path for ``file``; bytes go to a temporary file, removed afterwards."""
+    if not isinstance(file, bytes):
+        path = Path(file)
         if not path.is_file():
             raise InvalidValueError(f"{path}: no such file")
-        return str(path.resolve())
-
-    def __exit__(self, *exc: object) -> None:
-        if self.temporary is not None:
-            os.unlink(self.temporary)
+        yield str(path.resolve())
+        return
+    handle, temporary = tempfile.mkstemp(suffix=".ptl", prefix="fxmobile-")
+    try:
+        with os.fdopen(handle, "wb") as f:
+            f.write(file)
+        yield temporary
+    finally:
+        os.unlink(temporary)
