@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fxmobile-installed
 CSRC := $(shell find fxmobile -name '*.cpp' -o -name '*.h' 2>/dev/null)
 
-.PHONY: demo test test-slow zoo zoo-quick fuzz-long install clean
+.PHONY: demo test test-slow zoo zoo-quick fuzz-long install clean runtimes
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,8 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/fxmobile optimize torchvision:mobilenet_v2 -o build/mobilenet_v2.ptl --latency
 
+# The runtime tests (tests/test_runtime_*.py) run against .runtimes/ when `make runtimes` has
+# installed it, and are skipped otherwise; pytest's header and summary say which.
 test: $(STAMP)
 	$(PY) -m ruff check fxmobile tests model_zoo_checks benchmarks
 	$(PY) -m mypy
@@ -35,6 +37,13 @@ test-slow: $(STAMP)
 clean:
 	rm -rf build *.egg-info $(VENV)
 	find fxmobile -name '*.so' -delete
+
+# The reference runtimes (README, "Reference runtimes"): one venv per real torch release under
+# .runtimes/ (torch-1.13.1, torch-2.12.1), pinned in fxmobile/runtime/install.py, which this runs
+# by path with $(PYTHON) (3.10 or 3.11: torch 1.13.1 has no wheel for later Pythons). A finished
+# venv has a stamp, so a second run does nothing; `make clean` leaves them (gigabytes).
+runtimes:
+	$(PYTHON) fxmobile/runtime/install.py .runtimes
 
 # The differential fuzzer's long profile (the default profile runs in `make test`).
 fuzz-long: $(STAMP)

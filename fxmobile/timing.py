@@ -58,10 +58,11 @@ def interleaved_medians(
                 start = time.perf_counter()
                 candidates[name]()
                 samples[name].append((time.perf_counter() - start) * 1000)
-    return {name: _summary(values) for name, values in samples.items()}
+    return {name: summarize(values) for name, values in samples.items()}
 
 
-def _summary(values: list[float]) -> Timing:
+def summarize(values: list[float]) -> Timing:
+    """Median, 10th and 90th percentiles of per-call milliseconds."""
     ordered = sorted(values)
     return Timing(
         median_ms=statistics.median(ordered),

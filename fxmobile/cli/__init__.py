@@ -1,4 +1,4 @@
-"""The ``fxmobile`` command line: ``optimize``, ``lint`` and ``inspect``.
+"""The ``fxmobile`` command line: ``optimize``, ``lint``, ``inspect`` and ``check``.
 
 ``main`` returns the exit status and never raises ``SystemExit``: 0 on success, 1 when fxmobile
 refuses the input (the message, without a traceback, on stderr), when ``lint`` finds lints or
@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Protocol
 
-from fxmobile.cli import inspect_cmd, lint_cmd, optimize_cmd
+from fxmobile.cli import check_cmd, inspect_cmd, lint_cmd, optimize_cmd
 from fxmobile.cli.common import quiet_deprecations
 from fxmobile.errors import FxMobileError
 
@@ -66,6 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
         commands, "lint", lint_cmd, "list what to fix before shipping a saved model (exit 1 if any)"
     )
     _add(commands, "inspect", inspect_cmd, "show ops, packed contexts and markers of a saved model")
+    _add(
+        commands,
+        "check",
+        check_cmd,
+        "load and run a lite-interpreter file in the real mobile runtimes and compare outputs",
+        check_cmd.EPILOG,
+    )
     return parser
 
 

@@ -5,7 +5,10 @@ report's ``op_histogram``: submodule calls inlined, bookkeeping nodes left out),
 runtime still dispatches one by one (``unfused_ops``), the packed contexts (custom-class objects
 held as attributes or graph constants, e.g. ``__torch__.torch.classes.xnnpack.Conv2dOpContext``,
 with the shape of the first tensor of their state: the weight), and the operator list the lite
-interpreter needs (when the file has lite-interpreter bytecode).
+interpreter needs and its mobile compatibility (when the file has lite-interpreter bytecode): its
+bytecode and operator versions, the operators whose meaning torch has changed, and which
+reference runtime loads it as saved or after ``fxmobile.runtime.compat.backport_for``, from
+the ranges measured on those runtimes (``fxmobile check`` loads it in them for real).
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from typing import Any
 import torch
 import torch.jit.mobile
 
-from fxmobile.cli.common import Console, table
+from fxmobile.cli.common import TABLE_FORMATS, Console, table
 from fxmobile.cli.script_files import has_bytecode, load_lite, load_script_module
 from fxmobile.report.render import format_bytes
+from fxmobile.runtime.compat import compatibility_text, file_compatibility
 from fxmobile.script.graph_utils import iter_nodes, op_histogram, unfused_ops
 from fxmobile.script.jit_passes import jit
 
@@ -60,6 +64,7 @@ class Inspection:
     packed_contexts: list[PackedContext]
     lite_operators: list[str] | None
     lite_operators_note: str | None
+    compatibility: dict[str, Any] | None  # FileCompatibility.to_dict(); None without bytecode
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,6 +82,7 @@ def inspect_file(path: Path) -> Inspection:
     names = list(module._c._method_names())
     methods = sorted(names, key=lambda name: (name != "forward", name))
     operators, note = _lite_operators(path)
+    compatibility = file_compatibility(path) if has_bytecode(path) else None
     return Inspection(
         file=str(path),
         file_bytes=path.stat().st_size,
@@ -88,6 +94,7 @@ def inspect_file(path: Path) -> Inspection:
         packed_contexts=packed_contexts(module, methods),
         lite_operators=operators,
         lite_operators_note=note,
+        compatibility=None if compatibility is None else compatibility.to_dict(),
     )
 
 
@@ -167,6 +174,8 @@ def _render(found: Inspection, fmt: str, every_context: bool) -> str:
     else:
         listing = textwrap.fill(", ".join(found.lite_operators), width=100)
         parts.append(f"lite-interpreter operators ({len(found.lite_operators)}):\n{listing}")
+    if found.compatibility is not None:
+        parts.append(compatibility_text(found.compatibility, TABLE_FORMATS[fmt]))
     return "\n\n".join(parts)
 
 

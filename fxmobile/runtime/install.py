@@ -1,0 +1,171 @@
+"""The reference runtimes: which torch releases, pinned how, installed where.
+
+Run by path with any Python 3.11 (``python fxmobile/runtime/install.py [DIR]``, which is what
+``make runtimes`` does): it creates one venv per runtime under ``DIR`` (default ``.runtimes``
+at the top of the checkout) with nothing in it but the pinned requirements and what pip pulls
+in for them, and writes a stamp when the install succeeded. A venv whose stamp records the same
+requirements is left alone, so running it again costs nothing; a venv without a stamp (an
+interrupted install) or with other requirements is made again from scratch.
+
+This module imports nothing but the standard library: it runs before any venv exists, and
+``fxmobile.runtime`` imports its catalogue (``RUNTIMES``) from here, the one place it lives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import venv
+from dataclasses import dataclass
+from pathlib import Path
+
+# Overrides where the runtimes live (tests point it at a folder that has none).
+DIR_VARIABLE = "FXMOBILE_RUNTIMES"
+STAMP = ".fxmobile-runtime.json"
+# The venvs use the Python that runs this file; torch 1.13.1's wheels stop at 3.11.
+NEWEST_PYTHON = (3, 11)
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    version: str  # torch's version, and the name users pass (--runtime 1.13.1)
+    requirements: tuple[str, ...]
+    role: str  # why it is a reference: shown by the CLI and the README
+    # Measured on the installed runtime (fxmobile/runtime/measure.py; tests/test_runtime_compat.py
+    # fails when a figure here stops matching what the runtime says):
+    bytecode_range: tuple[int, int]  # the lite interpreter's own range, from its refusal message
+    loaded_bytecode: tuple[int, ...]  # versions of real files (backported here) that loaded and ran
+    max_operator_version: int  # torch._C._get_max_operator_version() there
+
+    @property
+    def folder_name(self) -> str:
+        return f"torch-{self.version}"
+
+
+RUNTIMES: dict[str, RuntimeSpec] = {
+    spec.version: spec
+    for spec in (
+        # torch 1.13 predates numpy 2 and breaks with it; nothing here needs numpy, the pin keeps
+        # a later install from pulling an incompatible one in.
+        RuntimeSpec(
+            "1.13.1",
+            ("torch==1.13.1", "numpy==1.26.4"),
+            "PyTorch Mobile 1.13.1 (pytorch_android_lite, LibTorch-Lite): what shipped apps load",
+            bytecode_range=(4, 9),
+            loaded_bytecode=(4, 5, 6, 7, 8),
+            max_operator_version=10,
+        ),
+        RuntimeSpec(
+            "2.12.1",
+            ("torch==2.12.1",),
+            "the last torch built with XNNPACK: its own prepacked:: ops and XNNPACK kernels",
+            bytecode_range=(4, 9),
+            loaded_bytecode=(4, 5, 6, 7, 8),
+            max_operator_version=10,
+        ),
+    )
+}
+
+
+def default_dir() -> Path:
+    """``$FXMOBILE_RUNTIMES``, else ``.runtimes`` at the top of the checkout."""
+    override = os.environ.get(DIR_VARIABLE)
+    if override:
+        return Path(override)
+    return Path(__file__).resolve().parents[2] / ".runtimes"
+
+
+def venv_dir(spec: RuntimeSpec, root: Path | None = None) -> Path:
+    return (root or default_dir()) / spec.folder_name
+
+
+def venv_python(spec: RuntimeSpec, root: Path | None = None) -> Path:
+    return venv_dir(spec, root) / "bin" / "python"
+
+
+def read_stamp(spec: RuntimeSpec, root: Path | None = None) -> dict[str, object] | None:
+    """The stamp of a finished install with ``spec``'s requirements, else None."""
+    path = venv_dir(spec, root) / STAMP
+    try:
+        stamp = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if stamp.get("requirements") != list(spec.requirements):
+        return None
+    return stamp if venv_python(spec, root).exists() else None
+
+
+def install(spec: RuntimeSpec, root: Path) -> dict[str, object]:
+    """Create ``spec``'s venv under ``root`` unless its stamp says it is there; the stamp."""
+    stamp = read_stamp(spec, root)
+    if stamp is not None:
+        print(f"{spec.folder_name}: installed ({' '.join(spec.requirements)}), nothing to do")
+        return stamp
+    target = venv_dir(spec, root)
+    if target.exists():
+        print(f"{spec.folder_name}: incomplete or other requirements, making it again")
+        shutil.rmtree(target)
+    print(f"{spec.folder_name}: installing {' '.join(spec.requirements)} into {target}")
+    start = time.monotonic()
+    venv.create(target, with_pip=True)
+    python = str(venv_python(spec, root))
+    # No wheel cache: the venv is the cache, and a second copy of a CUDA torch is gigabytes.
+    subprocess.run(
+        [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "--no-cache-dir",
+            "--progress-bar",
+            "off",
+            *spec.requirements,
+        ],
+        check=True,
+    )
+    frozen = subprocess.run(
+        [python, "-m", "pip", "freeze", "--all"], check=True, capture_output=True, text=True
+    ).stdout.split()
+    stamp = {
+        "requirements": list(spec.requirements),
+        "installed": frozen,
+        "seconds": round(time.monotonic() - start, 1),
+        "bytes": _disk_bytes(target),
+    }
+    (target / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
+    print(
+        f"{spec.folder_name}: done in {stamp['seconds']} s, {_gib(int(stamp['bytes']))} on disk"  # type: ignore[call-overload]
+    )
+    return stamp
+
+
+def _disk_bytes(folder: Path) -> int:
+    return sum(p.lstat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def main(argv: list[str]) -> int:
+    if sys.version_info[:2] > NEWEST_PYTHON:
+        print(
+            f"install.py: torch 1.13.1 has no wheel for Python "
+            f"{sys.version_info.major}.{sys.version_info.minor}; run it with Python "
+            f"{NEWEST_PYTHON[0]}.{NEWEST_PYTHON[1]} (make runtimes PYTHON=python3.11)",
+            file=sys.stderr,
+        )
+        return 2
+    root = Path(argv[0]) if argv else default_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    for spec in RUNTIMES.values():
+        install(spec, root)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
