@@ -30,6 +30,7 @@ from fxmobile.backends.library import ensure_registered
 from fxmobile.backends.registry import backend_spec
 from fxmobile.capture import admit, capture
 from fxmobile.capture.checks import check_tensors, deep_copy, eager_arguments, has_forward
+from fxmobile.errors import CaptureError, RefusedError
 from fxmobile.infra import Observer, PassManager
 from fxmobile.options import (
     DEFAULT_TOLERANCE,
@@ -42,12 +43,19 @@ from fxmobile.options import (
 )
 from fxmobile.passes.pipeline import fx_pipeline
 from fxmobile.passes.stage import FxContext, FxStage
-from fxmobile.report import Report
+from fxmobile.report import FileFacts, Report
+from fxmobile.runtime.compat import backport_for, file_compatibility
+from fxmobile.runtime.process import runtime_spec
 from fxmobile.script.freeze import bundled_inputs_attributes
 from fxmobile.script.graph_utils import existing_methods, op_histogram, unfused_ops
 from fxmobile.script.lints import generate_mobile_module_lints
-from fxmobile.script.scripting import clone_script_module, quietly_script, to_torchscript
-from fxmobile.script.serialization import lite_interpreter_bytes, save_for_lite_interpreter
+from fxmobile.script.scripting import (
+    clone_script_module,
+    fallback_to_torchscript,
+    quietly_script,
+    to_torchscript,
+)
+from fxmobile.script.serialization import lite_interpreter_bytes
 from fxmobile.script.stage import ScriptContext, ScriptStage
 from fxmobile.verify import (
     compare_outputs,
@@ -55,7 +63,7 @@ from fxmobile.verify import (
     enforce,
     first_divergence,
     reference_outputs,
-    run_model,
+    run_calls,
 )
 
 
@@ -74,11 +82,15 @@ class MobileResult:
     module: torch.jit.ScriptModule
     report: Report
 
+    target_runtime: str | None = None
+
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write a lite-interpreter file (load it with ``_load_for_lite_interpreter``); the
-        report's ``file_bytes`` is then that file's size."""
-        save_for_lite_interpreter(self.module, path)
-        self.report.file_bytes = os.path.getsize(path)
+        """Write a lite-interpreter file (load it with ``_load_for_lite_interpreter``), in the
+        bytecode ``target_runtime`` reads; the report's ``file`` then describes that file."""
+        data = lite_file(self.module, self.target_runtime)
+        with open(path, "wb") as out:
+            out.write(data)
+        self.report.file = file_facts(data)
 
 
 def optimize_fx(
@@ -88,7 +100,7 @@ def optimize_fx(
     blocklist: Iterable[BlocklistItem] | None = None,
     leaf_modules: Iterable[LeafSpec] = (),
     concrete_args: Mapping[str, Any] | None = None,
-    auto_leaf: bool = False,
+    auto_leaf: bool = True,
     eval_copy: bool = False,
     channels_last: bool = False,
     tolerance: float = DEFAULT_TOLERANCE,
@@ -136,11 +148,12 @@ def optimize(
     example_inputs: Any = None,
     leaf_modules: Iterable[LeafSpec] = (),
     concrete_args: Mapping[str, Any] | None = None,
-    auto_leaf: bool = False,
+    auto_leaf: bool = True,
     eval_copy: bool = False,
     channels_last: bool | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
     check: Check | str = Check.RAISE,
+    target_runtime: str | None = None,
 ) -> MobileResult:
     """Optimize ``module`` for ``backend``; the module and the report of everything done.
 
@@ -149,8 +162,12 @@ def optimize(
     kernels read and write channels-last activations (an NCHW network pays a layout change at
     every convolution and runs pooling on ATen's slow NCHW path), off for Vulkan and Metal,
     whose runtimes pick their own layout. Blocklist ``MobileOptimizerType.CHANNELS_LAST`` or
-    pass ``False`` to keep eager's layout.
+    pass ``False`` to keep eager's layout. ``target_runtime`` (a reference runtime's version,
+    ``"1.13.1"`` or ``"2.12.1"``) makes ``save`` write the bytecode that runtime reads,
+    refusing (``IncompatibleRuntimeError``, naming the operator) when an operator is newer.
     """
+    if target_runtime is not None:
+        runtime_spec(target_runtime)
     options = make_options(
         blocklist=optimization_blocklist,
         backend=backend,
@@ -170,7 +187,7 @@ def optimize(
         admit(module, options, needs_forward=not options.preserved_methods)
     clock = _Clock()
     scripted, report, expected = _to_script(module, options, clock)
-    optimized, methods = _script_stage(scripted, options, report)
+    optimized, methods = _script_stage(scripted, options, report, target_runtime=target_runtime)
     if options.checks and not _has_forward(optimized):
         report.notes.append("numerics not checked: the module has no forward to run")
     elif options.checks and not _runs_here(optimized, methods):
@@ -181,7 +198,7 @@ def optimize(
     elif options.checks:
         _check(report, options, clock, expected, optimized, lambda o: _rerun(module, options, o))
     clock.record(report)
-    return MobileResult(optimized, report)
+    return MobileResult(optimized, report, target_runtime)
 
 
 def optimize_for_mobile(
@@ -244,6 +261,7 @@ def _fx_stage(
     expected = captured.reference if observe is None else None
     clock.checking += captured.reference_seconds
     report = Report(model_name=type(model).__name__, notes=list(captured.notes))
+    report.route, report.declined = captured.route, list(captured.declined)
     report.hooks = list(captured.hooks)
     report.parametrizations = dict(captured.parametrizations)
     passes = fx_pipeline(channels_last=options.channels_last, for_script=for_script)
@@ -275,13 +293,21 @@ def _to_script(
             "need the scripted original"
         )
     else:
-        gm, report, expected = _fx_stage(module, options, clock, for_script=True, observe=observe)
+        try:
+            gm, report, expected = _fx_stage(
+                module, options, clock, for_script=True, observe=observe
+            )
+        except RefusedError:
+            raise
+        except CaptureError as declined:
+            return _fallback(module, options, clock, declined, observe)
         scripted, note = to_torchscript(gm, options.example_inputs)
         if note:
             report.notes.append(note)
         if observe is not None:
             observe("script")("torchscript", scripted)
         return scripted, report, expected
+    report.route = "TorchScript input"
     expected = None
     if options.checks and observe is None and _has_forward(scripted):
         args, kwargs = eager_arguments(
@@ -293,11 +319,43 @@ def _to_script(
     return scripted, report, expected
 
 
+def _fallback(
+    module: nn.Module,
+    options: Options,
+    clock: _Clock,
+    declined: CaptureError,
+    observe: Observe | None,
+) -> tuple[torch.jit.ScriptModule, Report, Any]:
+    """torch.jit.trace or torch.jit.script, where torch.fx could not capture the model.
+
+    The reference is two calls of a fresh copy, and the check runs the result twice: a model
+    whose output depends on state kept between calls (which tracing bakes in) then differs.
+    """
+    fallback = fallback_to_torchscript(module, options.example_inputs)
+    report = Report(model_name=type(module).__name__, route=fallback.route)
+    report.declined = [f"torch.fx: {declined}", *fallback.declined]
+    report.notes.extend(fallback.notes)
+    expected = None
+    if options.checks and observe is None:
+        reference = deep_copy(module).eval()
+        args, kwargs = eager_arguments(
+            reference, options.example_inputs or (), _specialized(options)
+        )
+        name = type(module).__name__
+        expected = clock.check(
+            lambda: tuple(reference_outputs(reference, name, args, kwargs)[0] for _ in range(2))
+        )
+    if observe is not None:
+        observe("script")(fallback.route, fallback.module)
+    return fallback.module, report, expected
+
+
 def _script_stage(
     scripted: torch.jit.ScriptModule,
     options: Options,
     report: Report,
     observe: Observe | None = None,
+    target_runtime: str | None = None,
 ) -> tuple[torch.jit.ScriptModule, list[str]]:
     """Freeze and rewrite a clone of ``scripted`` for ``options.backend``; the module and the
     methods that were rewritten. The report gains the passes, op counts, lints and size."""
@@ -323,7 +381,7 @@ def _script_stage(
     report.passes.extend(records)
     report.ops_after = dict(op_histogram(optimized, methods))
     report.unfused_ops = dict(unfused_ops(optimized, methods))
-    report.measure_file_with(lambda: len(lite_interpreter_bytes(optimized)))
+    report.measure_file_with(lambda: file_facts(lite_file(optimized, target_runtime)))
     report.lints = generate_mobile_module_lints(optimized)
     return optimized, methods
 
@@ -342,19 +400,34 @@ def _check(
     observer, to find where the outputs diverge; it is called only on a mismatch.
     """
     inputs = options.example_inputs or ()
-    actual = clock.check(lambda: run_model(result, inputs))
+    calls = 2 if report.route in FALLBACK_ROUTES else 1
+    actual = clock.check(lambda: run_calls(result, inputs, calls))
     report.numerics = compare_outputs(expected, actual, options.tolerance)
 
     def observe(stage: str) -> Observer:
-        return divergence_observer(expected, inputs, options.tolerance, stage)
+        return divergence_observer(expected, inputs, options.tolerance, stage, calls)
 
     enforce(report, options.check, lambda: first_divergence(lambda: rerun(observe)))
+
+
+FALLBACK_ROUTES = frozenset({"torch.jit.trace", "torch.jit.script"})
 
 
 def _rerun(module: nn.Module, options: Options, observe: Observe) -> None:
     """The whole pipeline once more, every pass observed (the report is thrown away)."""
     scripted, report, _ = _to_script(module, options, _Clock(), observe)
     _script_stage(scripted, options, report, observe)
+
+
+def lite_file(module: torch.jit.ScriptModule, target_runtime: str | None) -> bytes:
+    """The lite-interpreter file of ``module``, backported for ``target_runtime`` if needed."""
+    data = lite_interpreter_bytes(module)
+    return data if target_runtime is None else backport_for(target_runtime, data)
+
+
+def file_facts(data: bytes) -> FileFacts:
+    """Size and mobile compatibility of a lite-interpreter file."""
+    return FileFacts(len(data), file_compatibility(data).to_dict())
 
 
 def _specialized(options: Options) -> dict[str, Any]:

@@ -36,6 +36,16 @@ class CaptureError(FxMobileError, RuntimeError):
     """``torch.fx`` could not trace the model."""
 
 
+class RefusedError(CaptureError):
+    """A capture refusal that no other route (``torch.jit.trace``, ``torch.jit.script``) can
+    take either: torch's global module hooks, a hook on the model itself that cannot be traced."""
+
+
+class InputWriteError(RefusedError):
+    """The forward writes to an input in a way the captured graph does not: no route takes it
+    (the numerical check compares outputs, not what a call leaves in its inputs)."""
+
+
 class PassError(FxMobileError, RuntimeError):
     """A pass failed; the message says which passes ran before it."""
 
@@ -63,7 +73,7 @@ def innermost_user_frame(frames: traceback.StackSummary) -> str | None:
     """``file:line: code`` of the innermost frame outside torch and fxmobile, if any: the
     user's line an error message should point at."""
     for frame in reversed(frames):
-        if frame.filename.startswith((*_library_dirs(), "<eval_with_key>")):
+        if frame.filename.startswith((*_library_dirs(), "<eval_with_key>", "<fxmobile")):
             continue
         code = f": {frame.line.strip()}" if frame.line else ""
         return f"{frame.filename}:{frame.lineno}{code}"

@@ -93,7 +93,7 @@ class Options:
     example_inputs: tuple[Any, ...] | None = None
     leaf_modules: tuple[LeafSpec, ...] = ()
     concrete_args: Mapping[str, Any] | None = None
-    auto_leaf: bool = False
+    auto_leaf: bool = True
     eval_copy: bool = False
     channels_last: bool = False
     tolerance: float = DEFAULT_TOLERANCE
@@ -113,7 +113,7 @@ def make_options(
     example_inputs: Any = None,
     leaf_modules: Iterable[LeafSpec] = (),
     concrete_args: Mapping[str, Any] | None = None,
-    auto_leaf: bool = False,
+    auto_leaf: bool = True,
     eval_copy: bool = False,
     channels_last: bool | None = None,
     tolerance: float = DEFAULT_TOLERANCE,

@@ -24,7 +24,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from fxmobile.errors import CaptureError, InvalidValueError, NumericalMismatchError, user_frame
+from fxmobile.errors import InputWriteError, InvalidValueError, NumericalMismatchError, user_frame
 from fxmobile.infra import Observer
 from fxmobile.options import Check
 from fxmobile.report.records import OutputCheck, Report
@@ -145,7 +145,7 @@ def check_input_writes(
     for i in written:
         if not _same(graph_leaves[i], eager_leaves[i]):
             name = repr(names[i]) if len(names) == len(before) else f"#{i}"
-            raise CaptureError(
+            raise InputWriteError(
                 f"{model_name}.forward writes to its input {name} in place, and torch.fx did "
                 f"not capture the write (it records `x += c` on a tensor as `x = x + c`). "
                 f"Fix: use the in-place method (`x.add_(c)`), or do not write to the input "
@@ -166,17 +166,26 @@ class _Diverged(Exception):
         self.step, self.detail = step, detail
 
 
+def run_calls(model: Callable[..., Any], inputs: tuple[Any, ...], calls: int = 1) -> Any:
+    """One call's outputs, or a tuple of ``calls`` calls' outputs (state kept between calls
+    shows as a difference in the later ones)."""
+    if calls == 1:
+        return run_model(model, inputs)
+    return tuple(run_model(model, inputs) for _ in range(calls))
+
+
 def divergence_observer(
-    expected: Any, inputs: tuple[Any, ...], tolerance: float, stage: str
+    expected: Any, inputs: tuple[Any, ...], tolerance: float, stage: str, calls: int = 1
 ) -> Observer:
     """An observer for a pipeline re-run that stops at the first pass whose unit, run on
-    ``inputs``, no longer matches ``expected``."""
+    ``inputs`` (``calls`` times), no longer matches ``expected``."""
 
     def observe(name: str, unit: object) -> None:
         step = f"{stage} pass {name!r}"
         try:
             runnable = _fresh(unit) if isinstance(unit, torch.jit.ScriptModule) else unit
-            checks = compare_outputs(expected, run_model(runnable, inputs), tolerance)  # type: ignore[arg-type]
+            actual = run_calls(runnable, inputs, calls)  # type: ignore[arg-type]
+            checks = compare_outputs(expected, actual, tolerance)
         except Exception as exc:
             raise _Diverged(step, f"fails to run ({type(exc).__name__}: {exc})") from exc
         failed = [c for c in checks if not c.passed]
@@ -233,6 +242,9 @@ def enforce(report: Report, check: Check, locate: Callable[[], str]) -> None:
     report.notes.append(f"numerical check failed: {where}")
     outputs = "; ".join(describe(c) for c in failed)
     message = f"fxmobile's optimized {report.model_name} does not match eager: {outputs}; {where}."
+    if report.declined:
+        reasons = "; ".join(why.rstrip(".") for why in report.declined)
+        message += f" It took the route {report.route}: {reasons}."
     if check is Check.WARN:
         warnings.warn(message + " Returning it anyway (check='warn').", stacklevel=3)
         return

@@ -20,6 +20,7 @@ import pytest
 import torch
 import torch.jit.mobile
 from torch import nn
+from torch.jit.mobile import _get_model_bytecode_version
 
 from fxmobile.cli import main
 from fxmobile.script.lints import generate_mobile_module_lints
@@ -576,3 +577,54 @@ def test_inspect_a_file_without_bytecode(
     assert found["methods"] == ["forward", "features"]
     assert found["ops"]["forward"]["aten::conv2d"] == 1
     assert found["ops"]["features"] == {"aten::conv2d": 1}
+
+
+# --- the reference runtimes -----------------------------------------------------------------------
+
+
+def test_target_runtime_writes_a_file_that_runtime_reads(
+    model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "net.ptl"
+    argv = ["optimize", f"{model_file}:Net", "-o", out, "--input-shape", SHAPE]
+    code, stdout, _ = cli(capsys, *argv, "--target-runtime", "1.13.1", "--format", "json")
+    assert code == 0
+    compatibility = json.loads(stdout)["report"]["compatibility"]
+    assert compatibility["bytecode_version"] == _get_model_bytecode_version(str(out))
+    assert compatibility["verdicts"]["1.13.1"]["loads"] is True
+    assert compatibility["oldest_runtime"] == "1.13.1"
+
+
+def test_unknown_target_runtime_is_a_usage_error(
+    model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["optimize", f"{model_file}:Net", "-o", tmp_path / "n.ptl", "--input-shape", SHAPE]
+    code, _, err = cli(capsys, *argv, "--target-runtime", "1.9")
+    assert code == 2 and "invalid choice: '1.9'" in err
+
+
+@pytest.mark.runtime("2.12.1")
+def test_optimize_checks_and_times_the_file_on_the_real_runtime(
+    model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "net.ptl"
+    argv = ["optimize", f"{model_file}:Net", "-o", out, "--input-shape", SHAPE]
+    code, stdout, _ = cli(capsys, *argv, "--runtime", "2.12.1", "--latency", "--rounds", "3")
+    assert code == 0
+    assert "torch 2.12.1  XNNPACK" in stdout  # the check row names runtime and kernels
+    assert "upstream optimize_for_mobile on torch 2.12.1 against eager" in stdout
+    rows = ("eager", "fxmobile file here", "fxmobile file on 2.12.1", "upstream file on 2.12.1")
+    assert all(row in stdout for row in rows)
+    assert "torch 2.12.1 (reference runtime)" in stdout
+
+
+def test_latency_rows_name_runtime_and_kernels(
+    model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "net.ptl"
+    argv = ["optimize", f"{model_file}:Net", "-o", out, "--input-shape", SHAPE]
+    code, stdout, _ = cli(capsys, *argv, "--latency", "--rounds", "2")
+    assert code == 0
+    header = next(line for line in stdout.splitlines() if line.startswith("latency "))
+    assert "runs on" in header and "kernels" in header
+    assert "(this process)" in stdout and "fxmobile._C (desktop kernels)" in stdout

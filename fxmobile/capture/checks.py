@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import copy
 import difflib
+import dis
+import functools
 import inspect
+import types
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -34,8 +37,46 @@ def admit(model: object, options: Options, *, needs_forward: bool = True) -> lis
 
 
 def training_submodules(model: nn.Module) -> list[str]:
-    """Qualified names of the submodules in training mode (``<root>`` for the module itself)."""
-    return [name or "<root>" for name, m in model.named_modules() if m.training]
+    """Qualified names of the submodules in training mode whose forward depends on it
+    (``<root>`` for the module itself): see ``depends_on_training``."""
+    return [
+        name or "<root>"
+        for name, m in model.named_modules()
+        if m.training and depends_on_training(m)
+    ]
+
+
+# Modules whose forward computes something else in training mode, whatever their code says:
+# batch statistics, random masks, observers recording ranges, fake quantization learning them.
+_TRAINING_KINDS: tuple[type[nn.Module], ...] = (
+    nn.modules.batchnorm._BatchNorm,
+    nn.modules.instancenorm._InstanceNorm,
+    nn.modules.dropout._DropoutNd,
+    nn.RNNBase,
+    nn.MultiheadAttention,
+    torch.ao.quantization.ObserverBase,
+    torch.ao.quantization.FakeQuantizeBase,
+)
+
+
+def depends_on_training(module: nn.Module) -> bool:
+    """Whether ``module``'s forward may compute something else when ``training`` is set: one
+    of the kinds above, or a forward whose code reads ``self.training`` (timm's DropPath, a
+    user's dropout written by hand). A module without either (a ReLU, a quantized conv after
+    ``convert``, a parameter-free container) computes the same in both modes."""
+    if isinstance(module, _TRAINING_KINDS):
+        return True
+    forward = getattr(type(module), "forward", None)
+    code = getattr(forward, "__code__", None)
+    return code is not None and _reads_training(code)
+
+
+@functools.cache
+def _reads_training(code: types.CodeType) -> bool:
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in ("LOAD_ATTR", "LOAD_METHOD") and instruction.argval == "training":
+            return True
+    return any(_reads_training(c) for c in code.co_consts if isinstance(c, types.CodeType))
 
 
 def has_forward(model: nn.Module) -> bool:
@@ -133,17 +174,18 @@ def eager_arguments(
 
 
 def require_eval(model: nn.Module, eval_copy: bool) -> list[str]:
-    """The submodules still training; refused (listing them) unless ``eval_copy`` is set."""
+    """The submodules still training where that changes what they compute; refused (listing
+    them) unless ``eval_copy`` is set."""
     training = training_submodules(model)
     if training and not eval_copy:
         shown = ", ".join(training[:8])
         if len(training) > 8:
             shown += f" and {len(training) - 8} more"
         raise TrainingModeError(
-            f"{type(model).__name__} is in training mode ({len(training)} submodules: "
-            f"{shown}); mobile optimization folds inference-time constants and needs eval "
-            f"mode. Call model.eval() first, or pass eval_copy=True to optimize an eval-mode "
-            f"copy."
+            f"{type(model).__name__} is in training mode ({len(training)} submodules whose "
+            f"forward depends on it: {shown}); mobile optimization folds inference-time "
+            f"constants and needs eval mode. Call model.eval() first, or pass eval_copy=True to "
+            f"optimize an eval-mode copy."
         )
     return training
 

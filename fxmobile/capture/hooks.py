@@ -45,7 +45,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as module_globals
 
-from fxmobile.errors import CaptureError
+from fxmobile.errors import RefusedError
 from fxmobile.report.records import HookRecord
 
 TRACED = "traced into the graph"
@@ -70,7 +70,7 @@ def refuse_global_hooks() -> None:
     if not found:
         return
     names = ", ".join(_name(h) for h in found)
-    raise CaptureError(
+    raise RefusedError(
         f"torch's global module hooks are registered ({names}): eager runs them around every "
         f"module call, and an optimized module cannot (its remaining module calls would run "
         f"them again, and TorchScript runs no Python hooks). Fix: remove them while optimizing "
@@ -105,7 +105,7 @@ def plan_hooks(model: nn.Module) -> HookPlan:
             continue
         kind, hook, reason = refused[0]
         if not path:
-            raise CaptureError(
+            raise RefusedError(
                 f"{type(model).__name__} has a {kind} on itself ({_name(hook)}) that fxmobile "
                 f"cannot trace into the graph: {reason}. Fix: register it on a submodule, where "
                 f"fxmobile keeps the hooked call, or remove it while optimizing."

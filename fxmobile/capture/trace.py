@@ -13,12 +13,10 @@ or returns None; each refusal names the culprit and the fix.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import inspect
 import operator
 import time
-import traceback
 import typing
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -32,14 +30,7 @@ from fxmobile.capture.checks import (
     resolve_leaves,
     training_submodules,
 )
-from fxmobile.capture.hooks import (
-    RootHooks,
-    plan_hooks,
-    refuse_global_hooks,
-    run_forward_hooks,
-    run_pre_hooks,
-    without_hooks,
-)
+from fxmobile.capture.hooks import plan_hooks, refuse_global_hooks, without_hooks
 from fxmobile.capture.mutation import (
     GraphWrite,
     StateChange,
@@ -51,7 +42,8 @@ from fxmobile.capture.mutation import (
     owner_name,
 )
 from fxmobile.capture.parametrize import bake_parametrizations, recomputed_by_hooks
-from fxmobile.errors import CaptureError, InvalidValueError, innermost_user_frame, user_frame
+from fxmobile.capture.tracing import ShapedTracer, Traced, TraceFailed, Tracer, trace_model
+from fxmobile.errors import CaptureError, InvalidValueError, user_frame
 from fxmobile.options import Options
 from fxmobile.report.records import HookRecord
 from fxmobile.verify import check_input_writes, reference_outputs
@@ -77,55 +69,8 @@ class Capture:
     reference_seconds: float = 0.0
     hooks: tuple[HookRecord, ...] = ()
     parametrizations: dict[str, int] = field(default_factory=dict)
-
-
-class _Tracer(fx.Tracer):
-    """A tracer that honours user leaves and remembers which submodule it was inside."""
-
-    def __init__(
-        self,
-        leaf_types: tuple[type[nn.Module], ...],
-        leaf_paths: set[str],
-        record_frames: bool = False,
-        traced_hooks: frozenset[int] = frozenset(),
-    ) -> None:
-        super().__init__()
-        self.leaf_types = leaf_types
-        self.leaf_paths = leaf_paths
-        self.traced_hooks = traced_hooks  # ids of the modules whose hooks run on the proxies
-        self.failed_path: str | None = None
-        # the user's source line of each node, by node name (only to explain a refusal)
-        self.record_frames = record_frames
-        self.frames: dict[str, str] = {}
-
-    def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
-        node = super().create_node(*args, **kwargs)
-        if self.record_frames:
-            where = innermost_user_frame(traceback.extract_stack())
-            if where:
-                self.frames[node.name] = where
-        return node
-
-    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        if module_qualified_name in self.leaf_paths or isinstance(m, self.leaf_types):
-            return True
-        return super().is_leaf_module(m, module_qualified_name)
-
-    def call_module(
-        self, m: nn.Module, forward: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
-        try:
-            if id(m) not in self.traced_hooks:
-                return super().call_module(m, forward, args, kwargs)
-            # The hooks run here, on the proxies, as Module.__call__ would run them; the module
-            # itself is then called without them (fx's ``forward`` would run them again).
-            args, kwargs = run_pre_hooks(m, args, kwargs)
-            result = super().call_module(m, m.forward, args, kwargs)
-            return run_forward_hooks(m, args, kwargs, result)
-        except Exception:
-            if self.failed_path is None:
-                self.failed_path = self.path_of_module(m)
-            raise
+    route: str = "torch.fx"
+    declined: tuple[str, ...] = ()
 
 
 def capture(model: nn.Module, options: Options) -> Capture:
@@ -144,8 +89,8 @@ def capture(model: nn.Module, options: Options) -> Capture:
     copied = deep_copy(model)
     training = training_submodules(copied)
     if training:
-        copied.eval()
         notes.append(f"put fxmobile's copy in eval mode ({len(training)} modules were training)")
+    copied.eval()  # modules whose forward ignores the flag compute the same either way
 
     reference, after_reference, seconds = None, (), 0.0
     if options.checks:
@@ -164,33 +109,25 @@ def capture(model: nn.Module, options: Options) -> Capture:
     traced = frozenset(plan.traced)
 
     before = StateSnapshot.of(copied)
-    auto_leaves: list[str] = []
-    while True:
-        tracer = _Tracer(leaf_types, leaf_paths, traced_hooks=traced)
-        try:
-            with RootHooks(copied) if id(copied) in traced else contextlib.nullcontext():
-                graph = tracer.trace(copied, concrete_args=concrete_args)
-            break
-        except Exception as exc:
-            path = tracer.failed_path
-            if options.auto_leaf and path and path not in leaf_paths:
-                leaf_paths.add(path)
-                auto_leaves.append(path)
-                continue
-            raise _capture_error(copied, path, exc, options.auto_leaf) from exc
+    try:
+        traced_graph = trace_model(copied, options, leaf_types, leaf_paths, traced)
+    except TraceFailed as failed:
+        raise _capture_error(copied, failed.path, failed.error, options.auto_leaf) from failed.error
+    graph, tracer = traced_graph.graph, traced_graph.tracer
     changes = before.changes(copied, fx_constants(graph))
     writes = [replace(w, attribute=owner_name(copied, w.attribute)) for w in graph_writes(graph)]
     if changes or writes:
         where = _locate_write(model, leaf_types, leaf_paths, concrete_args, changes, writes)
         raise _mutation_error(model, changes, writes, where)
-    if auto_leaves:
-        notes.append(f"kept as opaque leaves because they do not trace: {', '.join(auto_leaves)}")
+    notes += _route_notes(traced_graph)
     _refuse_none_output(model, graph)
     name = type(model).__name__
     gm = fx.GraphModule(tracer.root, graph, class_name=name)
     _call_unhooked_copies(gm, plan.traced)
-    if concrete_args:
+    if concrete_args and traced_graph.route == "plain":
         _bake_concrete_args(gm, copied, concrete_args)
+    if isinstance(tracer, ShapedTracer) and tracer.specialized:
+        guard_input_shapes(gm, traced_graph.guards)
     _resolve_string_annotations(gm, copied)
     if reference is not None:
         args, _ = eager_arguments(copied, options.example_inputs or (), _specialized(options))
@@ -198,13 +135,67 @@ def capture(model: nn.Module, options: Options) -> Capture:
     return Capture(
         gm,
         copied,
-        tuple(auto_leaves),
+        tuple(traced_graph.auto_leaves),
         tuple(notes),
         reference,
         seconds,
         tuple(plan.records),
         dict(baked),
+        "torch.fx" if traced_graph.route == "plain" else "torch.fx (shape-aware)",
+        tuple(traced_graph.declined),
     )
+
+
+def _route_notes(traced: Traced) -> list[str]:
+    """What the report says about how the graph was traced."""
+    notes = []
+    if traced.route == "shape-aware":
+        tracer = traced.tracer
+        assert isinstance(tracer, ShapedTracer)
+        how = "; ".join(traced.bound)
+        notes.append(
+            "captured shape-aware, with the example inputs' shapes" + (f" ({how})" if how else "")
+        )
+        if tracer.specialized:
+            shapes = ", ".join(f"{k} {list(v)}" for k, v in traced.guards.items())
+            notes.append(
+                f"specialized to the example inputs' shapes ({len(tracer.specialized)} shape "
+                f"questions answered); the optimized module checks that its inputs have them: "
+                f"{shapes}"
+            )
+    if traced.auto_leaves:
+        leaves = ", ".join(traced.auto_leaves)
+        notes.append(f"kept as opaque leaves because they do not trace: {leaves}")
+    return notes
+
+
+def guard_input_shapes(gm: fx.GraphModule, shapes: dict[str, tuple[int, ...]]) -> None:
+    """``torch._assert`` at the start of the graph that each input has its specialized shape
+    (one assert per dimension: comparisons of ints behave alike in Python and TorchScript)."""
+    graph = gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if not placeholders:
+        return
+    anchor = placeholders[-1]
+    for node in placeholders:
+        shape = shapes.get(str(node.target))
+        if shape is None:
+            continue
+        expected = "x".join(str(d) for d in shape) or "a scalar"
+        message = (
+            f"fxmobile specialized this model to input {node.target!r} of shape {expected} "
+            f"(its example input's); other shapes need another optimization"
+        )
+        with graph.inserting_after(anchor):
+            checks = [graph.call_method("dim", (node,))]
+            checks += [graph.call_method("size", (node, i)) for i in range(len(shape))]
+        values = [len(shape), *shape]
+        for check, value in zip(checks, values, strict=True):
+            with graph.inserting_after(check):
+                equal = graph.call_function(operator.eq, (check, value))
+            with graph.inserting_after(equal):
+                anchor = graph.call_function(torch._assert, (equal, message))
+    gm.recompile()
 
 
 def _specialized(options: Options) -> dict[str, Any]:
@@ -246,7 +237,7 @@ def _traced_writes(
     found by running the model: the message then names the op that writes)."""
     try:
         fresh = copy.deepcopy(model).eval()
-        graph = _Tracer(leaf_types, set(leaf_paths)).trace(fresh, concrete_args=concrete_args)
+        graph = Tracer(leaf_types, set(leaf_paths)).trace(fresh, concrete_args=concrete_args)
     except Exception:
         return []
     return [replace(w, attribute=owner_name(fresh, w.attribute)) for w in graph_writes(graph)]
@@ -268,7 +259,7 @@ def _locate_write(
             value = getattr(fresh.get_submodule(change.module_path), change.name, None)
             if isinstance(value, torch.Tensor):
                 tensors.append(value)
-        tracer = _Tracer(leaf_types, set(leaf_paths), record_frames=True)
+        tracer = Tracer(leaf_types, set(leaf_paths), record_frames=True)
         with WriteWatch(tensors):
             tracer.trace(fresh, concrete_args=concrete_args)
     except WriteSeen as seen:

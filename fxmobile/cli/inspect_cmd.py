@@ -26,8 +26,8 @@ import torch.jit.mobile
 
 from fxmobile.cli.common import TABLE_FORMATS, Console, table
 from fxmobile.cli.script_files import has_bytecode, load_lite, load_script_module
-from fxmobile.report.render import format_bytes
-from fxmobile.runtime.compat import compatibility_text, file_compatibility
+from fxmobile.report.render import compatibility_table, format_bytes
+from fxmobile.runtime.compat import file_compatibility
 from fxmobile.script.graph_utils import iter_nodes, op_histogram, unfused_ops
 from fxmobile.script.jit_passes import jit
 
@@ -175,7 +175,7 @@ def _render(found: Inspection, fmt: str, every_context: bool) -> str:
         listing = textwrap.fill(", ".join(found.lite_operators), width=100)
         parts.append(f"lite-interpreter operators ({len(found.lite_operators)}):\n{listing}")
     if found.compatibility is not None:
-        parts.append(compatibility_text(found.compatibility, TABLE_FORMATS[fmt]))
+        parts.append(compatibility_table(found.compatibility, TABLE_FORMATS[fmt]))
     return "\n\n".join(parts)
 
 

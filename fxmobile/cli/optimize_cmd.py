@@ -27,6 +27,10 @@ from fxmobile.cli.optimize_output import Outcome, render, render_report
 from fxmobile.cli.script_files import load_lite
 from fxmobile.errors import NumericalMismatchError
 from fxmobile.options import DEFAULT_TOLERANCE, Backend, Check
+from fxmobile.runtime.against_upstream import against_upstream
+from fxmobile.runtime.check import here_kernels, runtime_versions
+from fxmobile.runtime.install import RUNTIMES
+from fxmobile.runtime.latency import Here
 from fxmobile.timing import interleaved_medians
 from fxmobile.verify import compare_outputs, run_model
 
@@ -99,6 +103,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how to print the report (default table; json prints one JSON document)",
     )
     parser.add_argument(
+        "--target-runtime",
+        choices=list(RUNTIMES),
+        metavar="VERSION",
+        help="write the bytecode this reference runtime reads (backported when needed; refused, "
+        "naming the operator, when an operator is newer than it): " + ", ".join(RUNTIMES),
+    )
+    parser.add_argument(
+        "--runtime",
+        choices=[*RUNTIMES, "all"],
+        help="also load and check the saved file in this reference runtime (make runtimes), "
+        "against eager and against upstream's optimize_for_mobile made there; with --latency, "
+        "time them there, interleaved",
+    )
+    parser.add_argument(
         "--latency", action="store_true", help="time eager, optimized and lite-interpreter runs"
     )
     parser.add_argument(
@@ -133,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
             channels_last=args.channels_last,
             tolerance=args.tolerance,
             check=args.check,
+            target_runtime=args.target_runtime,
         )
     except NumericalMismatchError as exc:
         console.result(render_report(exc.report, args.format))
@@ -145,8 +164,10 @@ def run(args: argparse.Namespace) -> int:
     result.save(args.output)
     lite = load_lite(args.output)
     _check_lite(outcome, loaded, lite, args.tolerance)
-    if args.latency:
+    if args.latency and not args.runtime:
         _time(outcome, loaded, lite, args.threads, args.rounds)
+    if args.runtime:
+        _on_runtimes(outcome, loaded, lite, args)
     _collect_failures(outcome)
 
     console.result(render(outcome, args.format))
@@ -197,6 +218,7 @@ def _time(outcome: Outcome, loaded: LoadedModel, lite: Any, threads: int, rounds
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     outcome.threads = threads
+    outcome.kernels = here_kernels()
     try:
         outcome.latency = interleaved_medians(
             {
@@ -205,6 +227,32 @@ def _time(outcome: Outcome, loaded: LoadedModel, lite: Any, threads: int, rounds
                 "lite interpreter": lambda: lite(*inputs),
             },
             rounds=rounds,
+        )
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _on_runtimes(
+    outcome: Outcome, loaded: LoadedModel, lite: Any, args: argparse.Namespace
+) -> None:
+    """The saved file on the reference runtimes, against eager and upstream's file made there;
+    with --latency, everything timed interleaved across the processes."""
+    if loaded.inputs is None:
+        raise CliError(f"--runtime needs example inputs; pass --input-shape for {args.spec}")
+    previous = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    here = {"fxmobile file here": Here(lite, loaded.inputs, here_kernels())}
+    try:
+        outcome.runtimes = against_upstream(
+            loaded.model,
+            args.output,
+            loaded.inputs,
+            runtime_versions(args.runtime),
+            latency=args.latency,
+            rounds=args.rounds,
+            threads=args.threads,
+            tolerance=args.tolerance,
+            here=here,
         )
     finally:
         torch.set_num_threads(previous)
@@ -220,6 +268,9 @@ def _collect_failures(outcome: Outcome) -> None:
                     f"{what} {c.path} is off by {c.relative_error:.3g} of the {outcome.reference} "
                     f"output's scale (tolerance {c.tolerance:g})"
                 )
+    if outcome.runtimes is not None and not outcome.runtimes.passed:
+        failed = [c.runtime for c in outcome.runtimes.checks if not c.passed]
+        outcome.failures.append(f"the file does not load or match on torch {', '.join(failed)}")
 
 
 def _shapes(inputs: tuple[torch.Tensor, ...]) -> str:

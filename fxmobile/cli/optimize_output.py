@@ -7,10 +7,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from fxmobile.api import MobileResult
 from fxmobile.cli.common import TABLE_FORMATS, table
 from fxmobile.report import OutputCheck, Report
 from fxmobile.report.render import format_bytes, numerics_table
+from fxmobile.runtime.against_upstream import AgainstUpstream
 from fxmobile.timing import Timing
 
 
@@ -28,6 +31,8 @@ class Outcome:
     latency: dict[str, Timing] | None = None
     threads: int = 0
     latency_skipped: str | None = None
+    kernels: str = ""  # what the optimized module's prepacked ops ran on here
+    runtimes: AgainstUpstream | None = None  # --runtime: the file on the reference runtimes
     failures: list[str] = field(default_factory=list)
 
 
@@ -57,15 +62,25 @@ def render(outcome: Outcome, fmt: str) -> str:
         parts.append(_latency_table(outcome, fmt))
     elif outcome.latency_skipped:
         parts.append(f"latency: not measured, {outcome.latency_skipped}")
+    if outcome.runtimes is not None:
+        parts.append(outcome.runtimes.render(TABLE_FORMATS[fmt]))
     return "\n\n".join(parts)
 
 
 def _latency_table(outcome: Outcome, fmt: str) -> str:
     timings = outcome.latency or {}
     base = timings[outcome.reference].median_ms
+    here = f"torch {torch.__version__.split('+')[0]} (this process)"
+    kernels = {
+        outcome.reference: "ATen",
+        "optimized TorchScript": outcome.kernels,
+        "lite interpreter": outcome.kernels,
+    }
     rows: list[list[object]] = [
         [
             name,
+            here,
+            kernels[name],
             f"{timings[name].median_ms:.2f}",
             f"{timings[name].p10_ms:.2f}",
             f"{timings[name].p90_ms:.2f}",
@@ -73,7 +88,8 @@ def _latency_table(outcome: Outcome, fmt: str) -> str:
         ]
         for name in (outcome.reference, "optimized TorchScript", "lite interpreter")
     ]
-    headers = ["latency", "median ms", "p10 ms", "p90 ms", f"speed-up vs {outcome.reference}"]
+    headers = ["latency", "runs on", "kernels", "median ms", "p10 ms", "p90 ms"]
+    headers.append(f"speed-up vs {outcome.reference}")
     runs = timings[outcome.reference].runs
     threads = f"{outcome.threads} thread" + ("s" if outcome.threads != 1 else "")
     caption = f"({runs} rounds, candidates interleaved in random order, {threads})"
@@ -97,5 +113,6 @@ def _to_dict(outcome: Outcome) -> dict[str, Any]:
         "latency_skipped": outcome.latency_skipped,
         "threads": outcome.threads or None,
         "notes": outcome.notes,
+        "runtimes": None if outcome.runtimes is None else outcome.runtimes.to_dict(),
         "failures": outcome.failures,
     }

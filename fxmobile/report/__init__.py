@@ -1,5 +1,13 @@
 """The summary of what fxmobile did: data records and their renderings."""
 
-from fxmobile.report.records import HookRecord, OutputCheck, PassRecord, Report, Stage, Status
+from fxmobile.report.records import (
+    FileFacts,
+    HookRecord,
+    OutputCheck,
+    PassRecord,
+    Report,
+    Stage,
+    Status,
+)
 
-__all__ = ["HookRecord", "OutputCheck", "PassRecord", "Report", "Stage", "Status"]
+__all__ = ["FileFacts", "HookRecord", "OutputCheck", "PassRecord", "Report", "Stage", "Status"]

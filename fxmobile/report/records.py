@@ -104,6 +104,15 @@ class HookRecord:
         return {"module": self.module, "kind": self.kind, "hook": self.hook, "action": self.action}
 
 
+@dataclass(frozen=True)
+class FileFacts:
+    """What the lite-interpreter file of the result is: its size and, from torch's mobile
+    compatibility API, its versions and which reference runtime loads it."""
+
+    nbytes: int
+    compatibility: dict[str, Any] | None = None  # fxmobile.runtime.compat.FileCompatibility
+
+
 @dataclass
 class Report:
     """Everything fxmobile did to one model, in order."""
@@ -118,11 +127,15 @@ class Report:
     ops_after: dict[str, int] | None = None
     # ops a mobile runtime still dispatches one by one (see script.graph_utils.unfused_ops)
     unfused_ops: dict[str, int] | None = None
-    # Size of the lite-interpreter file, measured on first read: serializing resnet50 takes
-    # about as long as scripting it, and many callers never look (see ``measure_file_with``).
-    _file_bytes: int | None = field(default=None, repr=False)
-    _file_size: Callable[[], int] | None = field(default=None, repr=False, compare=False)
+    # The lite-interpreter file, measured on first read: serializing resnet50 takes about as
+    # long as scripting it, and many callers never look (see ``measure_file_with``).
+    _file: FileFacts | None = field(default=None, repr=False)
+    _measure_file: Callable[[], FileFacts] | None = field(default=None, repr=False, compare=False)
     lints: list[dict[str, str]] | None = None  # generate_mobile_module_lints of the result
+    # how the model became a graph ("torch.fx", "torch.fx (shape-aware)", "torch.jit.trace",
+    # "torch.jit.script", "TorchScript input"), and why each route before it was declined
+    route: str | None = None
+    declined: list[str] = field(default_factory=list)
     hooks: list[HookRecord] = field(default_factory=list)
     # parametrizations evaluated into plain parameters, by kind (weight_norm, _SpectralNorm...)
     parametrizations: dict[str, int] = field(default_factory=dict)
@@ -130,19 +143,29 @@ class Report:
     check_seconds: float | None = None  # eager's reference run and the optimized module's run
 
     @property
+    def file(self) -> FileFacts | None:
+        """The lite-interpreter file's size and compatibility (measured on first read)."""
+        if self._file is None and self._measure_file is not None:
+            self._file, self._measure_file = self._measure_file(), None
+        return self._file
+
+    @file.setter
+    def file(self, facts: FileFacts | None) -> None:
+        self._file, self._measure_file = facts, None
+
+    @property
     def file_bytes(self) -> int | None:
-        if self._file_bytes is None and self._file_size is not None:
-            self._file_bytes = self._file_size()
-            self._file_size = None
-        return self._file_bytes
+        """Size of the lite-interpreter file."""
+        return None if self.file is None else self.file.nbytes
 
-    @file_bytes.setter
-    def file_bytes(self, value: int | None) -> None:
-        self._file_bytes, self._file_size = value, None
+    @property
+    def compatibility(self) -> dict[str, Any] | None:
+        """The file's bytecode and operator versions, and which reference runtime loads it."""
+        return None if self.file is None else self.file.compatibility
 
-    def measure_file_with(self, size: Callable[[], int]) -> None:
-        """Set ``file_bytes`` to ``size()``, called when it is first read."""
-        self._file_bytes, self._file_size = None, size
+    def measure_file_with(self, measure: Callable[[], FileFacts]) -> None:
+        """Set ``file`` to ``measure()``, called when it is first read."""
+        self._file, self._measure_file = None, measure
 
     @property
     def rewrites(self) -> int:
@@ -166,6 +189,8 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": self.model_name,
+            "route": self.route,
+            "declined": list(self.declined),
             "passes": [p.to_dict() for p in self.passes],
             "numerics": None if self.numerics is None else [c.to_dict() for c in self.numerics],
             "notes": list(self.notes),
@@ -174,6 +199,7 @@ class Report:
             "ops_after": self.ops_after,
             "unfused_ops": self.unfused_ops,
             "file_bytes": self.file_bytes,
+            "compatibility": self.compatibility,
             "lints": self.lints,
             "hooks": [h.to_dict() for h in self.hooks],
             "parametrizations": dict(self.parametrizations),

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import textwrap
+from collections.abc import Mapping
+from typing import Any
+
 from tabulate import tabulate
 
 from fxmobile.report.records import OutputCheck, PassRecord, Report, Status
@@ -53,6 +57,10 @@ def render(report: Report, fmt: str) -> str:
     """The report as tables in tabulate format ``fmt`` ("simple" for terminals, "github")."""
     backend = f" for {report.backend}" if report.backend else ""
     parts = [f"fxmobile report: {report.model_name}{backend}"]
+    if report.route:
+        lines = [f"route: {report.route}"]
+        lines += [f"  declined: {why}" for why in report.declined]
+        parts.append("\n".join(lines))
     parts.append(
         tabulate(
             _pass_rows(report),
@@ -91,6 +99,8 @@ def render(report: Report, fmt: str) -> str:
         )
     if report.file_bytes is not None:
         parts.append(f"lite-interpreter file: {format_bytes(report.file_bytes)}")
+    if report.compatibility is not None:
+        parts.append(compatibility_table(report.compatibility, fmt))
     parts.extend(f"note: {note}" for note in report.notes)
     return "\n\n".join(parts)
 
@@ -118,3 +128,43 @@ def numerics_table(checks: list[OutputCheck], fmt: str) -> str:
     ]
     headers = ["output", "max abs err", "eager max abs", "relative", "tolerance", "check"]
     return tabulate(rows, headers=headers, tablefmt=fmt)
+
+
+def compatibility_table(found: Mapping[str, Any], tablefmt: str = "simple") -> str:
+    """``FileCompatibility.to_dict()`` for people: versions, the operators whose meaning
+    changed, a verdict per reference runtime (tabulate's ``tablefmt``) and the oldest one."""
+    changed = found["versioned_operators"]
+    listed = ", ".join(f"{op['name']} {op['version']}" for op in changed) if changed else "none"
+    head = textwrap.fill(
+        f"mobile compatibility: bytecode {found['bytecode_version']}, operator version "
+        f"{found['operator_version']}; operators whose meaning torch changed, and at which "
+        f"operator version: {listed}",
+        width=100,
+    )
+    rows = [
+        [
+            f"torch {name}",
+            "yes" if verdict["loads"] else "no",
+            "yes" if verdict["after_backport"] else "no",
+            verdict["reason"],
+        ]
+        for name, verdict in found["verdicts"].items()
+    ]
+    headers = ["reference runtime", "loads as saved", "after backport_for", "why"]
+    verdicts = tabulate(
+        rows, headers=headers, tablefmt=tablefmt, maxcolwidths=[None, None, None, 60]
+    )
+    oldest = found["oldest_runtime"] or found["oldest_after_backport"]
+    if found["oldest_runtime"]:
+        tail = f"oldest reference runtime that loads it: torch {oldest} ({found['oldest_role']})"
+    elif oldest:
+        tail = f"oldest reference runtime that loads it: torch {oldest}, after backport_for"
+    else:
+        tail = "no reference runtime loads it"
+    checked = found["operators_checked"]
+    tail += (
+        f"; operators checked against torch {', '.join(checked)}"
+        if checked
+        else "; from the bytecode and operator versions (fxmobile check loads it in them)"
+    )
+    return "\n".join([head, verdicts, textwrap.fill(tail, width=100)])

@@ -14,7 +14,6 @@ from fxmobile.runtime.compat import (
     Verdict,
     backport_for,
     backport_to_bytecode,
-    compatibility_text,
     file_compatibility,
 )
 from fxmobile.runtime.errors import (
@@ -59,7 +58,6 @@ __all__ = [
     "check_on_runtimes",
     "checks_table",
     "compare_latency",
-    "compatibility_text",
     "file_compatibility",
     "installed",
     "latency_table",

@@ -21,7 +21,6 @@ recorded in ``install.RUNTIMES``, ordered oldest first.
 from __future__ import annotations
 
 import io
-import textwrap
 import zipfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -30,7 +29,6 @@ from typing import Any
 
 import torch
 import torch.jit.mobile
-from tabulate import tabulate
 
 from fxmobile.backends.library import OpFamily, ensure_registered
 from fxmobile.errors import InvalidValueError
@@ -80,9 +78,11 @@ class FileCompatibility:
         return next((v.runtime for v in self.verdicts.values() if v.after_backport), None)
 
     def to_dict(self) -> dict[str, Any]:
+        oldest = self.oldest_runtime
         return {
             **asdict(self),
-            "oldest_runtime": self.oldest_runtime,
+            "oldest_runtime": oldest,
+            "oldest_role": RUNTIMES[oldest].role if oldest else None,
             "oldest_after_backport": self.oldest_after_backport,
         }
 
@@ -277,43 +277,3 @@ def _require_bytecode(data: bytes) -> None:
                 "the file has no lite-interpreter bytecode (torch.jit.save writes none); save it "
                 "with _save_for_lite_interpreter, or fxmobile optimize -o out.ptl"
             )
-
-
-def compatibility_text(found: Mapping[str, Any], tablefmt: str = "simple") -> str:
-    """``FileCompatibility.to_dict()`` for people: versions, the operators whose meaning
-    changed, a verdict per reference runtime (tabulate's ``tablefmt``) and the oldest one."""
-    changed = found["versioned_operators"]
-    listed = ", ".join(f"{op['name']} {op['version']}" for op in changed) if changed else "none"
-    head = textwrap.fill(
-        f"mobile compatibility: bytecode {found['bytecode_version']}, operator version "
-        f"{found['operator_version']}; operators whose meaning torch changed, and at which "
-        f"operator version: {listed}",
-        width=100,
-    )
-    rows = [
-        [
-            f"torch {name}",
-            "yes" if verdict["loads"] else "no",
-            "yes" if verdict["after_backport"] else "no",
-            verdict["reason"],
-        ]
-        for name, verdict in found["verdicts"].items()
-    ]
-    headers = ["reference runtime", "loads as saved", "after backport_for", "why"]
-    verdicts = tabulate(
-        rows, headers=headers, tablefmt=tablefmt, maxcolwidths=[None, None, None, 60]
-    )
-    oldest = found["oldest_runtime"] or found["oldest_after_backport"]
-    if found["oldest_runtime"]:
-        tail = f"oldest reference runtime that loads it: torch {oldest} ({RUNTIMES[oldest].role})"
-    elif oldest:
-        tail = f"oldest reference runtime that loads it: torch {oldest}, after backport_for"
-    else:
-        tail = "no reference runtime loads it"
-    checked = found["operators_checked"]
-    tail += (
-        f"; operators checked against torch {', '.join(checked)}"
-        if checked
-        else "; from the bytecode and operator versions (fxmobile check loads it in them)"
-    )
-    return "\n".join([head, verdicts, textwrap.fill(tail, width=100)])

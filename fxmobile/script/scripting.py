@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import copy
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import fx
+from torch import fx, nn
 
+from fxmobile.capture.checks import deep_copy
 from fxmobile.errors import ScriptingError
 
 
@@ -87,3 +89,71 @@ def to_torchscript(
         f"flow is fixed to the path those inputs took"
     )
     return traced, note
+
+
+# What torch's tracer says when a trace records a value the example inputs decided: a branch on
+# a tensor, a tensor turned into a Python number. The trace is then right for the example only.
+_DATA_DEPENDENT = ("might cause the trace to be incorrect", "Python value", "Python boolean")
+
+
+@dataclass
+class Fallback:
+    """A model torch.fx could not capture, as TorchScript, and how it was made."""
+
+    module: torch.jit.ScriptModule
+    route: str  # "torch.jit.trace" or "torch.jit.script"
+    declined: list[str]  # routes tried before and why they were not taken
+    notes: list[str]  # what the route fixed in place (torch's tracer warnings)
+
+
+def fallback_to_torchscript(model: nn.Module, example_inputs: tuple[Any, ...] | None) -> Fallback:
+    """``model`` (a fresh copy of it, in eval mode) as TorchScript without torch.fx.
+
+    With example inputs ``torch.jit.trace`` comes first: it runs the model's Python, whatever
+    it is, and records the tensor ops that ran. When torch's tracer warns that the recording
+    depends on the example's values (a branch on a tensor, ``.item()``), ``torch.jit.script``,
+    which keeps control flow, is tried; if it fails too, the trace is taken and its warnings
+    are in the notes. Without example inputs only ``torch.jit.script`` can run.
+    """
+    declined: list[str] = []
+    if example_inputs is not None:
+        traced, warned = _trace(deep_copy(model).eval(), example_inputs)
+        depends = [w for w in warned if any(s in w for s in _DATA_DEPENDENT)]
+        if not depends:
+            notes = [f"torch.jit.trace warned: {w}" for w in warned]
+            notes.append("torch.jit.trace fixed shapes and control flow to the example inputs'")
+            return Fallback(traced, "torch.jit.trace", declined, notes)
+        try:
+            return Fallback(
+                quietly_script(deep_copy(model).eval()), "torch.jit.script", declined, []
+            )
+        except Exception as exc:
+            declined.append(f"torch.jit.script failed: {_first_line(exc)}")
+        notes = [f"torch.jit.trace warned: {w}" for w in warned]
+        notes.append(
+            "torch.jit.trace fixed the branches the example inputs took: other inputs may take "
+            "others, which the optimized module does not have"
+        )
+        return Fallback(traced, "torch.jit.trace", declined, notes)
+    try:
+        return Fallback(quietly_script(deep_copy(model).eval()), "torch.jit.script", declined, [])
+    except Exception as exc:
+        raise ScriptingError(
+            f"neither torch.fx nor torch.jit.script could capture {type(model).__name__} "
+            f"({_first_line(exc)}). Fix: pass example_inputs, so fxmobile can trace it with "
+            f"torch.jit.trace and check the result."
+        ) from exc
+
+
+def _trace(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[torch.jit.ScriptModule, list[str]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", torch.jit.TracerWarning)
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.trace. is deprecated")
+        traced = torch.jit.trace(model, inputs, check_trace=False, strict=False)
+    found = [str(w.message) for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
+    return traced, list(dict.fromkeys(found))
+
+
+def _first_line(exc: Exception) -> str:
+    text = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {text}"

@@ -8,7 +8,6 @@ being printed on every save.
 from __future__ import annotations
 
 import contextlib
-import os
 import warnings
 from collections.abc import Iterator
 
@@ -25,8 +24,3 @@ def _quiet() -> Iterator[None]:
 def lite_interpreter_bytes(module: torch.jit.ScriptModule) -> bytes:
     with _quiet():
         return bytes(module._save_to_buffer_for_lite_interpreter())
-
-
-def save_for_lite_interpreter(module: torch.jit.ScriptModule, path: str | os.PathLike[str]) -> None:
-    with _quiet():
-        module._save_for_lite_interpreter(os.fspath(path))
