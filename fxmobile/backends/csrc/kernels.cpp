@@ -194,6 +194,23 @@ std::vector<int64_t> expand_pair(
   return values.size() == 1 ? std::vector<int64_t>{values[0], values[0]} : values.vec();
 }
 
+ConvGeometry ConvGeometry::from_args(
+    const char* op,
+    c10::IntArrayRef stride,
+    c10::IntArrayRef padding,
+    c10::IntArrayRef dilation,
+    std::optional<c10::IntArrayRef> output_padding,
+    int64_t groups) {
+  return ConvGeometry{
+      expand_pair(stride, op, "stride", 1),
+      expand_pair(padding, op, "padding", 0),
+      expand_pair(dilation, op, "dilation", 1),
+      output_padding ? expand_pair(*output_padding, op, "output_padding", 0)
+                     : std::vector<int64_t>{0, 0},
+      groups,
+      output_padding.has_value()};
+}
+
 // --- Conv2dKernel: packing -------------------------------------------------------------------
 
 Conv2dKernel::Conv2dKernel(

@@ -62,6 +62,16 @@ struct ConvGeometry {
   std::vector<int64_t> output_padding; // transposed convolution only
   int64_t groups = 1;
   bool transposed = false;
+
+  // From a prepack op's arguments, each with 1 or 2 elements (the int[2] schema type accepts
+  // both); a transposed convolution is one with an output_padding. Errors name `op`.
+  static ConvGeometry from_args(
+      const char* op,
+      c10::IntArrayRef stride,
+      c10::IntArrayRef padding,
+      c10::IntArrayRef dilation,
+      std::optional<c10::IntArrayRef> output_padding,
+      int64_t groups);
 };
 
 // Expands a 1- or 2-element parameter list to 2 elements, naming `op` and `what` on error.

@@ -3,12 +3,13 @@
 // Upstream (aten/src/ATen/native/vulkan/ops/{Convolution,Mm,Layernorm,Batchnorm,Gru,Lstm}.h)
 // keeps, next to the GPU-packed data, the "unpacked" list of the create_*_context arguments,
 // and pickles that list: __getstate__ returns it, __setstate__ packs it again. These classes
-// keep the same list, element for element, and pack it for fxmobile's CPU kernels instead of a
-// GPU. One deliberate difference, for Gru/LstmPackedContext: upstream's __getstate__ returns the
-// weights split per gate (12 or 16 tensors per layer), which upstream's own __setstate__
-// rejects (it wants 4 per layer), so a saved upstream GRU/LSTM context cannot be loaded back.
-// fxmobile pickles the 4-per-layer list that create_*_context received, which every runtime
-// loads, and accepts both forms when loading.
+// keep the same list, element for element (their `state()`, see ../../csrc/registry.h), and
+// pack it for fxmobile's CPU kernels instead of a GPU. One deliberate difference, for
+// Gru/LstmPackedContext: upstream's __getstate__ returns the weights split per gate (12 or 16
+// tensors per layer), which upstream's own __setstate__ rejects (it wants 4 per layer), so a
+// saved upstream GRU/LSTM context cannot be loaded back. fxmobile pickles the 4-per-layer list
+// that create_*_context received, which every runtime loads, and accepts both forms when
+// loading.
 #pragma once
 
 #include <ATen/core/List.h>
@@ -73,8 +74,9 @@ enum : size_t {
 class Conv2dPackedContext : public torch::CustomClassHolder {
  public:
   explicit Conv2dPackedContext(List unpacked);
-  List unpack() const {
-    return unpacked_.copy();
+  using State = List;
+  const List& state() const {
+    return unpacked_;
   }
   at::Tensor run(const at::Tensor& input) const {
     return kernel_->run(input);
@@ -88,8 +90,9 @@ class Conv2dPackedContext : public torch::CustomClassHolder {
 class Conv1dPackedContext : public torch::CustomClassHolder {
  public:
   explicit Conv1dPackedContext(List unpacked);
-  List unpack() const {
-    return unpacked_.copy();
+  using State = List;
+  const List& state() const {
+    return unpacked_;
   }
   at::Tensor run(const at::Tensor& input) const;
 
@@ -103,8 +106,9 @@ class Conv1dPackedContext : public torch::CustomClassHolder {
 class LinearPackedContext : public torch::CustomClassHolder {
  public:
   explicit LinearPackedContext(List unpacked);
-  List unpack() const {
-    return unpacked_.copy();
+  using State = List;
+  const List& state() const {
+    return unpacked_;
   }
   at::Tensor run(const at::Tensor& input) const {
     return kernel_->run(input);
@@ -118,8 +122,9 @@ class LinearPackedContext : public torch::CustomClassHolder {
 class LayernormPackedContext : public torch::CustomClassHolder {
  public:
   explicit LayernormPackedContext(List unpacked);
-  List unpack() const {
-    return unpacked_.copy();
+  using State = List;
+  const List& state() const {
+    return unpacked_;
   }
   at::Tensor run(const at::Tensor& input, c10::IntArrayRef normalized_shape) const;
 
@@ -133,8 +138,9 @@ class LayernormPackedContext : public torch::CustomClassHolder {
 class BatchNormPackedContext : public torch::CustomClassHolder {
  public:
   explicit BatchNormPackedContext(List unpacked);
-  List unpack() const {
-    return unpacked_.copy();
+  using State = List;
+  const List& state() const {
+    return unpacked_;
   }
   at::Tensor run(const at::Tensor& input) const;
 
@@ -153,8 +159,9 @@ class RnnPackedContext : public torch::CustomClassHolder {
  public:
   enum class Kind { kGru, kLstm };
   RnnPackedContext(List unpacked, Kind kind);
-  List unpack() const {
-    return unpacked_.copy();
+  using State = List;
+  const List& state() const {
+    return unpacked_;
   }
 
  protected:
