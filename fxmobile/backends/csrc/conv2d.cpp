@@ -4,37 +4,45 @@
 #include <ATen/ATen.h>
 #include <c10/util/irange.h>
 
+#include <algorithm>
+
 namespace fxmobile {
 namespace {
 
-// How an NCHW activation is convolved (channels-last input always goes to oneDNN as is):
-//  * oneDNN on NCHW directly, with the plain weight (eager's algorithm, minus its separate clamp
-//    pass and weight reorder): for a large input, which a transpose or a GEMM would have to
-//    read again from memory, and for an image with few channels (oneDNN has kernels that read
-//    such NCHW input directly, e.g. RGB);
-//  * a 1x1 convolution on a mid-sized input: a GEMM straight on the NCHW data, then one pass
-//    that adds the bias and clamps (output NCHW);
-//  * (a channels-last input of a 1x1 convolution on a map up to 28x28, or an expanding one,
-//    runs as a GEMM too, output channels-last; a depthwise convolution on a small map runs the
-//    direct loop of depthwise.h, either input layout, output channels-last);
-//  * otherwise: transposed to channels-last, then oneDNN with the prepacked weight, which
-//    writes the channels-last output once with bias and clamp fused. For 1x1 convolutions this
-//    wins on tiny images (the transpose is almost free) and for expanding ones (Cout > Cin) on
-//    images of 28x28 and up, whose output outweighs the input.
-// The thresholds come from measurements on mobilenet_v2/resnet18 shapes (2 threads, AVX-512).
-constexpr int64_t kDirectNchwMinInput = 1 << 18;
-constexpr int64_t kDirectNchwMaxChannels = 4;
-constexpr int64_t kGemmNchwMinPixels = 64;
-constexpr int64_t kTransposeExpandingMinPixels = 28 * 28;
-// A 1x1 convolution on a channels-last input is one GEMM, (NHW x Cin) (Cin x Cout), plus the
-// bias-and-clamp pass: on maps up to 28x28 that beats oneDNN, whose per-call setup dominates
-// there (1x1 maps: 1-8 us against 30-40 us), and on expanding convolutions at any size
-// (24 -> 144 channels on 56x56: about 0.3 ms against 0.5 ms).
-constexpr int64_t kGemmChannelsLastMaxPixels = 28 * 28;
-// A depthwise convolution with at most this many output pixels per image runs the direct
-// loop (depthwise.h): on a 14x14 map it takes about half of oneDNN's time (most of which is
-// per-call setup), on 7x7 a tenth; from 28x28 up oneDNN's blocked kernel is 1.5-4x faster.
+// Which path a float32 run takes: a fixed rule on the prepacked geometry and the input's
+// layout and size (no timing at run time, so the same input always takes the same path). The
+// figures are `benchmarks/bench_prepacked_ops.py --paths` medians (2 threads, AMD EPYC with
+// AVX-512; eager = ATen's conv2d + clamp, which is also the `aten` path):
+//  * oneDNN with the prepacked weight (kOneDnn) is the default. On a channels-last input it was
+//    the fastest path for every dense and grouped convolution of mobilenet_v2, resnet18 and
+//    resnext50_32x4d: 0.3-0.9x eager (e.g. 0.41x for resnext's 1x1 256->256 on 56x56, 0.52x
+//    for its grouped 3x3 1024 channels on 7x7), since eager reorders the weight on every call
+//    and clamps in a separate pass.
+//  * A 1x1 convolution runs as one GEMM plus the bias-and-clamp pass (kGemm) only when the
+//    work is tiny: oneDNN's per-call setup (30-50 us) then outweighs it (the SE blocks' 1x1
+//    maps: 960->240 in 24 us against 51 us), and a product of a few rows is bound by reading the
+//    weight (1280->1000 on one pixel: 127 us against 147 us). Above about 0.5M multiply-adds
+//    oneDNN wins (96->576 on 4x4: 47 us against 56 us), and by far on large ones, where this
+//    machine's BLAS (MKL on an AMD CPU) is 2-5x slower than oneDNN: resnext's 1x1 512->1024
+//    on 14x14 took 1.1 ms against 2.6 ms.
+//  * A depthwise convolution on a map of up to 14x14 runs fxmobile's direct loop (kDepthwise):
+//    0.45-0.7x eager on mobilenet_v2's 14x14 and 7x7 maps, where oneDNN takes 0.65-0.72x; on
+//    28x28 oneDNN is faster (192 channels, stride 2: 97 us against 135 us).
+//  * An NCHW input is transposed to channels-last for kOneDnn, except where reading it twice
+//    costs more than the prepacked kernel saves: then oneDNN reads it as it is (kOneDnnNchw,
+//    with the plain weight and the clamp still fused; level with eager or up to 0.5x faster).
+//    That is a large input or output (128K elements or more: resnext's 1x1 128->256 on 56x56,
+//    1.6 ms against 6.4 ms transposed) and an image with few channels, which oneDNN reads
+//    directly (the RGB stem convolutions: 0.55-0.87x eager).
+// ATen's path (kAten) is what every other input takes (other dtypes, an empty batch, a
+// geometry without a fast path) and what a failed oneDNN call falls back to; measured as a
+// choice it was never faster than the path above for these shapes (within the run-to-run
+// noise of a few percent), so the rule does not pick it for float32 input.
+constexpr int64_t kGemmMaxMacs = 1 << 19;
+constexpr int64_t kGemmMaxRows = 4;
 constexpr int64_t kDirectDepthwiseMaxPixels = 14 * 14;
+constexpr int64_t kDirectNchwMinElements = 1 << 17;
+constexpr int64_t kDirectNchwMaxChannels = 4;
 
 } // namespace
 
@@ -146,35 +154,100 @@ Conv2dKernel::Path Conv2dKernel::path_for(const at::Tensor& input) const {
   if ((!gemm_ && !depthwise_ && !onednn_) || !is_float_cpu(input) || input.numel() == 0) {
     return Path::kAten;
   }
-  if (onednn_ && !geo_.transposed && input.size(1) == 1 && input.is_contiguous()) {
-    return Path::kOneDnnNchw; // see OneDnnConv::run_nchw
-  }
-  if (depthwise_ &&
-      (!onednn_ || output_pixels(input.size(2), input.size(3)) <= kDirectDepthwiseMaxPixels)) {
-    return Path::kDepthwise;
-  }
-  const bool channels_last = input.is_contiguous(at::MemoryFormat::ChannelsLast);
-  const bool nchw = !channels_last && input.is_contiguous();
-  const bool large_nchw = nchw && input.numel() >= kDirectNchwMinInput;
-  if (gemm_) {
-    if (!onednn_) {
-      return Path::kGemm;
-    }
-    const int64_t pixels = input.size(2) * input.size(3);
-    const bool expanding = weight_.size(0) > weight_.size(1);
-    if (channels_last && (pixels <= kGemmChannelsLastMaxPixels || expanding)) {
-      return Path::kGemm;
-    }
-    if (!nchw || pixels < kGemmNchwMinPixels ||
-        (expanding && pixels >= kTransposeExpandingMinPixels)) {
-      return Path::kOneDnn;
-    }
-    return large_nchw ? Path::kOneDnnNchw : Path::kGemm;
-  }
-  if (nchw && !geo_.transposed && (input.size(1) <= kDirectNchwMaxChannels || large_nchw)) {
+  const int forced = forced_.load(std::memory_order_relaxed);
+  const Path path = forced == kNotForced ? rule(input) : static_cast<Path>(forced);
+  if (path == Path::kOneDnn && !geo_.transposed && input.size(1) == 1 && input.is_contiguous()) {
+    // oneDNN's channels-last convolution miscomputes some single-channel inputs (seen with an
+    // output width of 1 and a horizontal stride > 1); see OneDnnConv::run_nchw.
     return Path::kOneDnnNchw;
   }
+  return path;
+}
+
+Conv2dKernel::Path Conv2dKernel::rule(const at::Tensor& input) const {
+  const int64_t n = input.size(0);
+  const int64_t pixels = input.size(2) * input.size(3);
+  if (depthwise_ && (!onednn_ || pixels <= kDirectDepthwiseMaxPixels)) {
+    return Path::kDepthwise;
+  }
+  if (gemm_ &&
+      (!onednn_ || n * pixels <= kGemmMaxRows ||
+       n * pixels * weight_.size(0) * weight_.size(1) <= kGemmMaxMacs)) {
+    return Path::kGemm;
+  }
+  const bool nchw = input.is_contiguous() && !input.is_contiguous(at::MemoryFormat::ChannelsLast);
+  if (nchw && !geo_.transposed) {
+    const int64_t out_elements =
+        n * weight_.size(0) * output_pixels(input.size(2), input.size(3));
+    if (input.size(1) <= kDirectNchwMaxChannels ||
+        std::max(input.numel(), out_elements) >= kDirectNchwMinElements) {
+      return Path::kOneDnnNchw;
+    }
+  }
   return Path::kOneDnn;
+}
+
+const char* Conv2dKernel::path_name(Path path) {
+  switch (path) {
+    case Path::kAten:
+      return "aten";
+    case Path::kOneDnn:
+      return "onednn";
+    case Path::kOneDnnNchw:
+      return "onednn_nchw";
+    case Path::kGemm:
+      return "gemm";
+    case Path::kDepthwise:
+      return "depthwise";
+  }
+  return "?";
+}
+
+const char* Conv2dKernel::path(const at::Tensor& input) const {
+  check_input(input);
+  return path_name(path_for(input));
+}
+
+bool Conv2dKernel::can_take(Path path) const {
+  switch (path) {
+    case Path::kAten:
+      return true;
+    case Path::kOneDnn:
+      return onednn_.has_value();
+    case Path::kOneDnnNchw:
+      return onednn_.has_value() && !geo_.transposed;
+    case Path::kGemm:
+      return gemm_.has_value();
+    case Path::kDepthwise:
+      return depthwise_.has_value();
+  }
+  return false;
+}
+
+void Conv2dKernel::force_path(const std::string& name) const {
+  if (name == "auto") {
+    forced_.store(kNotForced);
+    return;
+  }
+  std::string available;
+  for (const Path path :
+       {Path::kAten, Path::kOneDnn, Path::kOneDnnNchw, Path::kGemm, Path::kDepthwise}) {
+    if (!can_take(path)) {
+      continue;
+    }
+    if (name == path_name(path)) {
+      forced_.store(static_cast<int>(path));
+      return;
+    }
+    available += std::string(", '") + path_name(path) + "'";
+  }
+  TORCH_CHECK(
+      false,
+      op_,
+      ": this convolution cannot take the path '",
+      name,
+      "'; it can take 'auto'",
+      available);
 }
 
 at::Tensor Conv2dKernel::run(const at::Tensor& input) const {

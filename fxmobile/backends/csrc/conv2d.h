@@ -14,6 +14,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <optional>
 #include <string>
 
@@ -43,10 +44,19 @@ class Conv2dKernel {
   // path that computes channels-last from NCHW input transposes back).
   at::Tensor run(const at::Tensor& input) const;
 
-  // The path `run` takes for `input`.
-  Path path_for(const at::Tensor& input) const;
+  // The name of the path `run` takes for `input` ("aten", "onednn", "onednn_nchw", "gemm",
+  // "depthwise"); the input is checked as `run` checks it.
+  const char* path(const at::Tensor& input) const;
+  // Makes every float32 run take the named path ("auto": the kernel's own choice again);
+  // refuses a path this convolution cannot take. For tests and benchmarks, never pickled.
+  void force_path(const std::string& name) const;
 
  private:
+  static const char* path_name(Path path);
+  Path path_for(const at::Tensor& input) const; // the forced path, or rule's
+  Path rule(const at::Tensor& input) const; // float32 input, a fast path prepared
+  bool can_take(Path path) const;
+
   void check_input(const at::Tensor& input) const;
   at::Tensor run_path(Path path, const at::Tensor& input) const;
   at::Tensor run_aten(const at::Tensor& input) const;
@@ -61,6 +71,8 @@ class Conv2dKernel {
   std::optional<GemmConv> gemm_;
   std::optional<DepthwiseConv> depthwise_;
   std::optional<OneDnnConv> onednn_;
+  static constexpr int kNotForced = -1;
+  mutable std::atomic<int> forced_{kNotForced}; // a Path, or kNotForced
 };
 
 } // namespace fxmobile

@@ -47,7 +47,37 @@ LinearKernel::LinearKernel(
   weight_ = weight.detach().contiguous();
 }
 
-at::Tensor LinearKernel::run(const at::Tensor& input) const {
+LinearKernel::Path LinearKernel::path_for(const at::Tensor& input) const {
+  const bool fast =
+      is_float_cpu(input) && is_float_cpu(weight_) && (!bias_ || is_float_cpu(*bias_));
+  if (!fast) {
+    return Path::kAten;
+  }
+  if (const int forced = forced_.load(std::memory_order_relaxed); forced != kNotForced) {
+    return static_cast<Path>(forced);
+  }
+  return Path::kGemm;
+}
+
+const char* LinearKernel::path_name(Path path) {
+  return path == Path::kAten ? "aten" : "gemm";
+}
+
+void LinearKernel::force_path(const std::string& name) const {
+  if (name == "auto") {
+    forced_.store(kNotForced);
+  } else if (name == path_name(Path::kAten)) {
+    forced_.store(static_cast<int>(Path::kAten));
+  } else if (name == path_name(Path::kGemm)) {
+    forced_.store(static_cast<int>(Path::kGemm));
+  } else {
+    TORCH_CHECK(
+        false, op_, ": a linear layer cannot take the path '", name, "'; it can take 'auto', "
+        "'aten', 'gemm'");
+  }
+}
+
+void LinearKernel::check_input(const at::Tensor& input) const {
   TORCH_CHECK(
       input.dim() >= 1 && input.size(-1) == in_features(),
       op_,
@@ -55,12 +85,16 @@ at::Tensor LinearKernel::run(const at::Tensor& input) const {
       in_features(),
       ", got shape ",
       shape_str(input));
-  std::vector<int64_t> out_sizes(input.sizes().begin(), input.sizes().end() - 1);
-  out_sizes.push_back(out_features());
+}
 
-  const bool fast =
-      is_float_cpu(input) && is_float_cpu(weight_) && (!bias_ || is_float_cpu(*bias_));
-  if (!fast) {
+const char* LinearKernel::path(const at::Tensor& input) const {
+  check_input(input);
+  return path_name(path_for(input));
+}
+
+at::Tensor LinearKernel::run(const at::Tensor& input) const {
+  check_input(input);
+  if (path_for(input) == Path::kAten) {
     const auto dtype = input.scalar_type();
     at::Tensor y = at::linear(
         input,
@@ -69,7 +103,8 @@ at::Tensor LinearKernel::run(const at::Tensor& input) const {
     clamp_.apply_(y);
     return y;
   }
-
+  std::vector<int64_t> out_sizes(input.sizes().begin(), input.sizes().end() - 1);
+  out_sizes.push_back(out_features());
   const at::Tensor x = input.reshape({-1, in_features()});
   const int64_t rows = x.size(0);
   const int64_t n = out_features();

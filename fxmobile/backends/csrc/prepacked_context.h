@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernel_paths.h"
 #include "kernels.h"
 
 namespace fxmobile {
@@ -48,18 +49,21 @@ using TransposeConv2dArgs = std::tuple<
     OptScalar>;
 
 template <typename Args, typename Kernel>
-class PrepackedContext : public torch::CustomClassHolder {
+class PrepackedContext : public torch::CustomClassHolder, public KernelPaths {
  public:
   using State = Args;
 
   const State& state() const {
     return state_;
   }
-  const Kernel& kernel() const {
-    return kernel_;
-  }
   at::Tensor run(const at::Tensor& input) const {
     return kernel_.run(input);
+  }
+  std::string kernel_path(const at::Tensor& input) const override {
+    return kernel_.path(input);
+  }
+  void force_kernel_path(const std::string& path) const override {
+    kernel_.force_path(path);
   }
 
  protected:

@@ -22,6 +22,7 @@
 #include <tuple>
 #include <vector>
 
+#include "../../csrc/kernel_paths.h"
 #include "../../csrc/kernels.h"
 
 namespace fxmobile::vulkan {
@@ -71,7 +72,7 @@ enum : size_t {
 }
 
 // Used for both create_conv2d_context and create_tconv2d_context (the list says which).
-class Conv2dPackedContext : public torch::CustomClassHolder {
+class Conv2dPackedContext : public torch::CustomClassHolder, public KernelPaths {
  public:
   explicit Conv2dPackedContext(List unpacked);
   using State = List;
@@ -81,13 +82,19 @@ class Conv2dPackedContext : public torch::CustomClassHolder {
   at::Tensor run(const at::Tensor& input) const {
     return kernel_->run(input);
   }
+  std::string kernel_path(const at::Tensor& input) const override {
+    return kernel_->path(input);
+  }
+  void force_kernel_path(const std::string& path) const override {
+    kernel_->force_path(path);
+  }
 
  private:
   List unpacked_;
   std::unique_ptr<Conv2dKernel> kernel_;
 };
 
-class Conv1dPackedContext : public torch::CustomClassHolder {
+class Conv1dPackedContext : public torch::CustomClassHolder, public KernelPaths {
  public:
   explicit Conv1dPackedContext(List unpacked);
   using State = List;
@@ -95,6 +102,10 @@ class Conv1dPackedContext : public torch::CustomClassHolder {
     return unpacked_;
   }
   at::Tensor run(const at::Tensor& input) const;
+  std::string kernel_path(const at::Tensor& input) const override;
+  void force_kernel_path(const std::string& path) const override {
+    kernel_->force_path(path);
+  }
 
  private:
   List unpacked_;
@@ -103,7 +114,7 @@ class Conv1dPackedContext : public torch::CustomClassHolder {
 
 // The weight in the list is already transposed, (in_features, out_features): upstream's
 // rewrite inserts aten::t before create_linear_context.
-class LinearPackedContext : public torch::CustomClassHolder {
+class LinearPackedContext : public torch::CustomClassHolder, public KernelPaths {
  public:
   explicit LinearPackedContext(List unpacked);
   using State = List;
@@ -112,6 +123,12 @@ class LinearPackedContext : public torch::CustomClassHolder {
   }
   at::Tensor run(const at::Tensor& input) const {
     return kernel_->run(input);
+  }
+  std::string kernel_path(const at::Tensor& input) const override {
+    return kernel_->path(input);
+  }
+  void force_kernel_path(const std::string& path) const override {
+    kernel_->force_path(path);
   }
 
  private:
