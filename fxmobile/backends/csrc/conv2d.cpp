@@ -36,8 +36,9 @@ namespace {
 //    directly (the RGB stem convolutions: 0.55-0.87x eager).
 // ATen's path (kAten) is what every other input takes (other dtypes, an empty batch, a
 // geometry without a fast path) and what a failed oneDNN call falls back to; measured as a
-// choice it was never faster than the path above for these shapes (within the run-to-run
-// noise of a few percent), so the rule does not pick it for float32 input.
+// choice it was never faster than the path above for these shapes beyond the noise of this
+// shared machine (a shape timed alone: level with kOneDnnNchw, which is the same oneDNN call
+// with the clamp fused), so the rule does not pick it for float32 input.
 constexpr int64_t kGemmMaxMacs = 1 << 19;
 constexpr int64_t kGemmMaxRows = 4;
 constexpr int64_t kDirectDepthwiseMaxPixels = 14 * 14;
