@@ -1,27 +1,37 @@
 """Benchmark: fxmobile's prepacked ``*_run`` ops against the eager ATen ops they replace.
 
-Why: the prepacked ops exist to be faster than ``F.conv2d``/``F.linear`` followed by a separate
-clamp, the graph they replace. This measures every convolution and linear shape of
-torchvision's mobilenet_v2 and resnet18 (batch 1, 224x224, 2 threads), each with the clamp its
+Why: the prepacked ops must never be slower than ``F.conv2d``/``F.linear`` followed by a
+separate clamp, the graph they replace. This measures every convolution and linear shape of
+the chosen torchvision models (batch 1, 224x224, 2 threads; by default mobilenet_v2, resnet18,
+and resnext50_32x4d and resnext101_32x8d, whose 3x3 convolutions are grouped, 32 groups of 4 to
+32 and of 8 to 64 channels), each with the clamp its
 model applies after it (relu6 -> [0, 6], relu -> [0, inf), none), for two input layouts:
 contiguous NCHW (what a model's first layer, or any eager op, hands over) and channels-last
 (what a prepacked convolution itself produces). Eager and prepacked calls run interleaved in
 one process on the same input tensors, every call once per round in a new random order, and
-the table reports per-call medians, the prepacked/eager ratio (below 1 is faster), and, for
-mobilenet_v2, the sum over all its 52 convolutions as the model runs them (shapes weighted by
-how often they occur).
+the table reports per-call medians, the prepacked/eager ratio (below 1 is faster), the path the
+kernel took for that input (``fxmobile::kernel_path``: onednn, onednn_nchw, gemm, depthwise or
+aten), and per model the sum over all its convolutions and linears as the model runs them
+(shapes weighted by how often they occur).
 
-Run: ``python benchmarks/bench_prepacked_ops.py [--rounds N]``.
+``--paths`` also times every path each kernel can take (forced with
+``fxmobile::force_kernel_path``), the figures behind the kernels' choice of path.
+
+Run: ``python benchmarks/bench_prepacked_ops.py [--rounds N] [--models ...] [--paths]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+# OpenMP's spin-waiting makes 2-thread timings on a shared machine swing 2-10x (see README).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +42,10 @@ from torch import fx, nn
 from fxmobile.backends.library import OpFamily, ensure_registered
 
 Clamp = tuple[float | None, float | None]
+LAYOUTS = ("nchw", "channels_last")
+CONV_PATHS = ("aten", "onednn", "onednn_nchw", "gemm", "depthwise")
+LINEAR_PATHS = ("aten", "gemm")
+DEFAULT_MODELS = ["mobilenet_v2", "resnet18", "resnext50_32x4d", "resnext101_32x8d"]
 
 
 @dataclass(frozen=True)
@@ -71,10 +85,10 @@ class Case:
     model: str
     shape: Shape
     count: int
-    # name -> (eager, prepacked) callables, one pair per input layout
-    calls: dict[str, tuple[Callable[[], torch.Tensor], Callable[[], torch.Tensor]]] = field(
-        default_factory=dict
-    )
+    # (layout, candidate) -> callable; candidates: "eager", "run" and, with --paths, "path:NAME"
+    calls: dict[tuple[str, str], Callable[[], torch.Tensor]] = field(default_factory=dict)
+    # layout -> the path the unforced kernel takes
+    path: dict[str, str] = field(default_factory=dict)
     times: dict[tuple[str, str], list[float]] = field(default_factory=dict)
 
 
@@ -202,7 +216,23 @@ def _bind(
     return lambda: module(x)
 
 
-def build_case(model: str, shape: Shape, count: int, gen: torch.Generator) -> Case:
+def _prepack(shape: Shape, w: torch.Tensor, b: torch.Tensor) -> torch.ScriptObject:
+    lo, hi = shape.clamp
+    if isinstance(shape, ConvShape):
+        s = shape
+        return torch.ops.prepacked.conv2d_clamp_prepack(
+            w, b, list(s.stride), list(s.padding), list(s.dilation), s.groups, lo, hi
+        )
+    return torch.ops.prepacked.linear_clamp_prepack(w, b, lo, hi)
+
+
+def _run_module(shape: Shape, ctx: torch.ScriptObject) -> nn.Module:
+    return _PrepackedConv(ctx) if isinstance(shape, ConvShape) else _PrepackedLinear(ctx)
+
+
+def build_case(
+    model: str, shape: Shape, count: int, gen: torch.Generator, all_paths: bool
+) -> Case:
     """Scripted eager and prepacked modules for one shape, checked equal on each layout.
 
     Both sides run as TorchScript, as they do in an optimized model, so both pay the same
@@ -211,29 +241,38 @@ def build_case(model: str, shape: Shape, count: int, gen: torch.Generator) -> Ca
     case = Case(model, shape, count)
     w = torch.randn(shape.weight, generator=gen) * 0.1
     b = torch.randn(shape.weight[0], generator=gen) * 0.1
-    lo, hi = shape.clamp
     x = torch.randn(shape.input, generator=gen)
     eager: nn.Module
-    run: nn.Module
     if isinstance(shape, ConvShape):
-        s = shape
-        ctx = torch.ops.prepacked.conv2d_clamp_prepack(
-            w, b, list(s.stride), list(s.padding), list(s.dilation), s.groups, lo, hi
-        )
-        eager, run = _EagerConv(w, b, s), _PrepackedConv(ctx)
+        eager = _EagerConv(w, b, shape)
         layouts = {"nchw": x, "channels_last": x.contiguous(memory_format=torch.channels_last)}
+        paths = CONV_PATHS
     else:
-        ctx = torch.ops.prepacked.linear_clamp_prepack(w, b, lo, hi)
-        eager, run = _EagerLinear(w, b, shape), _PrepackedLinear(ctx)
+        eager = _EagerLinear(w, b, shape)
         layouts = {"nchw": x}
-    eager_s, run_s = torch.jit.script(eager), torch.jit.script(run)
+        paths = LINEAR_PATHS
+    ctx = _prepack(shape, w, b)
+    candidates: dict[str, torch.jit.ScriptModule] = {
+        "eager": torch.jit.script(eager),
+        "run": torch.jit.script(_run_module(shape, ctx)),
+    }
+    if all_paths:
+        for path in paths:
+            forced_ctx = _prepack(shape, w, b)
+            try:
+                torch.ops.fxmobile.force_kernel_path(forced_ctx, path)
+            except RuntimeError:
+                continue  # a path this kernel cannot take
+            candidates[f"path:{path}"] = torch.jit.script(_run_module(shape, forced_ctx))
     for layout, xin in layouts.items():
-        case.calls[layout] = (_bind(eager_s, xin), _bind(run_s, xin))
-        torch.testing.assert_close(
-            run_s(xin), eager_s(xin), rtol=1e-4, atol=1e-4, msg=f"{shape} {layout}: differs"
-        )
-        case.times[(layout, "eager")] = []
-        case.times[(layout, "run")] = []
+        case.path[layout] = torch.ops.fxmobile.kernel_path(ctx, xin)
+        reference = candidates["eager"](xin)
+        for name, module in candidates.items():
+            torch.testing.assert_close(
+                module(xin), reference, rtol=1e-4, atol=1e-4, msg=f"{shape} {layout} {name}"
+            )
+            case.calls[(layout, name)] = _bind(module, xin)
+            case.times[(layout, name)] = []
     return case
 
 
@@ -244,109 +283,104 @@ def measure(cases: list[Case], rounds: int, warmup: int = 5, seed: int = 0) -> N
     convolution, say, whose freed buffers slow whatever runs next); seconds per call are
     recorded in ``case.times``.
     """
-    calls = [
-        (case, layout, kind, fn)
-        for case in cases
-        for layout, pair in case.calls.items()
-        for kind, fn in zip(("eager", "run"), pair, strict=True)
-    ]
+    calls = [(case, key, fn) for case in cases for key, fn in case.calls.items()]
     order = random.Random(seed)
     for r in range(warmup + rounds):
         order.shuffle(calls)
-        for case, layout, kind, fn in calls:
+        for case, key, fn in calls:
             t0 = time.perf_counter()
             fn()
             dt = time.perf_counter() - t0
             if r >= warmup:
-                case.times[(layout, kind)].append(dt)
+                case.times[key].append(dt)
 
 
-def _median_us(case: Case, layout: str, kind: str) -> float | None:
-    t = case.times.get((layout, kind))
+def _median_us(case: Case, layout: str, name: str) -> float | None:
+    t = case.times.get((layout, name))
     return statistics.median(t) * 1e6 if t else None
 
 
+def _ratio(run: float | None, eager: float | None) -> float | None:
+    return None if run is None or eager is None else run / eager
+
+
 def report(cases: list[Case]) -> str:
-    headers = [
-        "model",
-        "op",
-        "x",
-        "clamp",
-        "NCHW eager us",
-        "NCHW run us",
-        "ratio",
-        "CL eager us",
-        "CL run us",
-        "ratio",
-    ]
-    rows = []
-    sums = {k: 0.0 for k in ("nchw_e", "nchw_r", "cl_e", "cl_r")}
-    n_convs = 0
-    for c in cases:
-        ne, nr = _median_us(c, "nchw", "eager"), _median_us(c, "nchw", "run")
-        ce, cr = _median_us(c, "channels_last", "eager"), _median_us(c, "channels_last", "run")
-        lo, hi = c.shape.clamp
-        clamp = "none" if lo is None and hi is None else f"[{lo}, {hi}]"
-        rows.append(
-            [
-                c.model,
-                c.shape.label(),
-                c.count,
-                clamp,
-                ne,
-                nr,
-                None if ne is None or nr is None else nr / ne,
-                ce,
-                cr,
-                None if ce is None or cr is None else cr / ce,
-            ]
-        )
-        if c.model == "mobilenet_v2" and isinstance(c.shape, ConvShape):
-            assert ne is not None and nr is not None and ce is not None and cr is not None
-            sums["nchw_e"] += c.count * ne
-            sums["nchw_r"] += c.count * nr
-            sums["cl_e"] += c.count * ce
-            sums["cl_r"] += c.count * cr
-            n_convs += c.count
-    if n_convs:
-        rows.append(_sum_row(sums, n_convs))
+    headers = ["model", "op", "x", "clamp"]
+    for tag in ("NCHW", "CL"):
+        headers += [f"{tag} eager us", f"{tag} run us", "ratio", f"{tag} path"]
+    rows: list[list[object]] = []
+    for model in dict.fromkeys(c.model for c in cases):
+        sums = {(layout, name): 0.0 for layout in LAYOUTS for name in ("eager", "run")}
+        n_ops = 0
+        for c in (c for c in cases if c.model == model):
+            lo, hi = c.shape.clamp
+            clamp = "none" if lo is None and hi is None else f"[{lo}, {hi}]"
+            row: list[object] = [c.model, c.shape.label(), c.count, clamp]
+            for layout in LAYOUTS:
+                e, r = _median_us(c, layout, "eager"), _median_us(c, layout, "run")
+                row += [e, r, _ratio(r, e), c.path.get(layout)]
+            rows.append(row)
+            for layout in LAYOUTS:
+                # a linear's input is the same in both layouts: count its NCHW figures twice
+                source = layout if (layout, "eager") in c.times else "nchw"
+                for name in ("eager", "run"):
+                    sums[(layout, name)] += c.count * (_median_us(c, source, name) or 0.0)
+            n_ops += c.count
+        sum_row: list[object] = [model, "SUM of all convs and linears (x count)", n_ops, ""]
+        for layout in LAYOUTS:
+            e, r = sums[(layout, "eager")], sums[(layout, "run")]
+            sum_row += [e, r, _ratio(r, e), ""]
+        rows.append(sum_row)
     return tabulate(rows, headers=headers, floatfmt=".2f", missingval="-")
 
 
-def _sum_row(sums: dict[str, float], n_convs: int) -> list[object]:
-    return [
-        "mobilenet_v2",
-        "SUM of all convs (x count)",
-        n_convs,
-        "",
-        sums["nchw_e"],
-        sums["nchw_r"],
-        sums["nchw_r"] / sums["nchw_e"],
-        sums["cl_e"],
-        sums["cl_r"],
-        sums["cl_r"] / sums["cl_e"],
-    ]
+def report_paths(cases: list[Case]) -> str:
+    """Every path each kernel can take, per layout: median us and ratio to eager."""
+    headers = ["model", "op", "layout", "eager us", "chosen"]
+    headers += [f"{p} us" for p in CONV_PATHS]
+    rows: list[list[object]] = []
+    for c in cases:
+        for layout in LAYOUTS:
+            e = _median_us(c, layout, "eager")
+            if e is None:
+                continue
+            row: list[object] = [c.model, c.shape.label(), layout, e, c.path.get(layout)]
+            for p in CONV_PATHS:
+                t = _median_us(c, layout, f"path:{p}")
+                row.append(None if t is None else f"{t:.1f} ({t / e:.2f})")
+            rows.append(row)
+    return tabulate(rows, headers=headers, floatfmt=".1f", missingval="-")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=200, help="timed rounds (default 200)")
+    parser.add_argument("--rounds", type=int, default=100, help="timed rounds (default 100)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
-    parser.add_argument("--models", nargs="+", default=["mobilenet_v2", "resnet18"])
+    parser.add_argument("--models", nargs="+", default=DEFAULT_MODELS)
+    parser.add_argument(
+        "--paths", action="store_true", help="also time every path each kernel can take"
+    )
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
     ensure_registered(OpFamily.XNNPACK)
     gen = torch.Generator().manual_seed(0)
     cases = [
-        build_case(model, shape, count, gen)
+        build_case(model, shape, count, gen, args.paths)
         for model in args.models
         for shape, count in model_shapes(model)
     ]
     with torch.inference_mode():
         measure(cases, args.rounds)
-    print(f"torch {torch.__version__}, {args.threads} threads, {args.rounds} rounds, medians")
+    print(
+        f"torch {torch.__version__}, {args.threads} threads, {args.rounds} rounds, medians, "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; "
+        "run = fxmobile's prepacked op (path: the kernel it took), eager = ATen op + clamp"
+    )
     print(report(cases))
+    if args.paths:
+        print("\nevery path, forced: median us (ratio to eager)")
+        print(report_paths(cases))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """fxmobile: eager PyTorch model in, optimized TorchScript for mobile runtimes out.
 
-Importing fxmobile never loads its C++ operator library; that happens on first use of a backend.
+Importing fxmobile registers its C++ operator library (see fxmobile.backends.library).
 """
 
 from fxmobile.api import FxResult, MobileResult, optimize, optimize_for_mobile, optimize_fx

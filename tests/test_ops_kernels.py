@@ -1,17 +1,21 @@
-"""The CPU kernels of every prepacked op match the ATen ops they stand for.
+"""The CPU kernels of every prepacked op match the ATen ops they stand for, on every path.
 
 Each ``*_run`` op equals its eager reference, computed in float64: ``F.conv2d`` /
 ``F.conv_transpose2d`` / ``F.linear`` followed by ``clamp`` (bounds None, one-sided, both),
-``F.conv1d``, ``F.layer_norm``, ``F.batch_norm``, ``torch.gru``, ``torch.lstm``. Convolutions
-are swept (hypothesis, derandomized) over strides, padding, dilation, groups (depthwise
-included), output padding, bias and both input memory formats; the explicit cases below pin
-each execution path of the convolution kernel (1x1 GEMM on NCHW, oneDNN on channels-last or
-transposed input, oneDNN on large or few-channel NCHW input, the ATen fallback) and the
+``F.conv1d``, ``F.layer_norm``, ``F.batch_norm``, ``torch.gru``, ``torch.lstm``. A conv or linear
+kernel picks one of several paths per input (oneDNN on a channels-last or an NCHW input, a
+GEMM, fxmobile's depthwise loop, ATen's own op); every check runs each path the kernel can take,
+forced with ``fxmobile::force_kernel_path``, against the float64 reference and against ATen's
+path in float32, so whichever path the rule picks, the numbers are within float rounding of
+ATen's. Convolutions are swept (hypothesis, derandomized) over strides, padding, dilation,
+groups (depthwise included), output padding, bias and both input memory formats; the explicit
+cases below cover the rule's choice (``fxmobile::kernel_path``), each path's edge cases and the
 refusals upstream makes.
 """
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from torch import nn
 
 from fxmobile.backends.library import registration_status
 from tests.helpers import assert_equivalent
@@ -55,7 +60,7 @@ def _layout(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
 # --- conv2d ------------------------------------------------------------------------------
 
 
-def _conv2d_runs(
+def _conv2d_contexts(
     w: torch.Tensor,
     b: torch.Tensor | None,
     stride: list[int],
@@ -63,17 +68,78 @@ def _conv2d_runs(
     dilation: list[int],
     groups: int,
     clamp: Clamp,
-) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-    """The conv2d run op of every family, prepacked with the same arguments."""
+) -> dict[str, tuple[Any, Callable[[torch.Tensor, Any], torch.Tensor]]]:
+    """The conv2d context of every family, prepacked with the same arguments, and its run op."""
     lo, hi = clamp
-    xnn = ops.prepacked.conv2d_clamp_prepack(w, b, stride, padding, dilation, groups, lo, hi)
-    vk = ops.vulkan_prepack.create_conv2d_context(w, b, stride, padding, dilation, groups, lo, hi)
-    mtl = ops.metal_prepack.conv2d_prepack(w, b, stride, padding, dilation, groups, lo, hi)
     return {
-        "xnnpack": lambda x: ops.prepacked.conv2d_clamp_run(x, xnn),
-        "vulkan": lambda x: ops.vulkan_prepack.run_conv2d_context(x, vk),
-        "metal": lambda x: ops.metal_prepack.conv2d_run(x, mtl),
+        "xnnpack": (
+            ops.prepacked.conv2d_clamp_prepack(w, b, stride, padding, dilation, groups, lo, hi),
+            ops.prepacked.conv2d_clamp_run,
+        ),
+        "vulkan": (
+            ops.vulkan_prepack.create_conv2d_context(
+                w, b, stride, padding, dilation, groups, lo, hi
+            ),
+            ops.vulkan_prepack.run_conv2d_context,
+        ),
+        "metal": (
+            ops.metal_prepack.conv2d_prepack(w, b, stride, padding, dilation, groups, lo, hi),
+            ops.metal_prepack.conv2d_run,
+        ),
     }
+
+
+def _forceable(ctx: Any, paths: tuple[str, ...]) -> list[str]:
+    """The paths this context's kernel can take (forcing refuses the others)."""
+    taken = []
+    for path in paths:
+        try:
+            ops.fxmobile.force_kernel_path(ctx, path)
+        except RuntimeError as e:
+            assert "cannot take the path" in str(e)
+            continue
+        taken.append(path)
+    ops.fxmobile.force_kernel_path(ctx, "auto")
+    return taken
+
+
+def _check_every_path(
+    reference: Callable[[torch.Tensor], torch.Tensor],
+    ctx: Any,
+    run: Callable[[torch.Tensor, Any], torch.Tensor],
+    x: torch.Tensor,
+    paths: tuple[str, ...],
+    where: str,
+) -> list[str]:
+    """Runs ``x`` on each path the kernel can take, and unforced: each matches the float64
+    reference and ATen's path in float32, and keeps the input's memory format (4-D input).
+    Returns the paths run."""
+    taken = _forceable(ctx, paths)
+    assert "aten" in taken
+    ops.fxmobile.force_kernel_path(ctx, "aten")
+    aten = run(x, ctx)
+    ops.fxmobile.force_kernel_path(ctx, "auto")
+    for path in [*taken, "auto"]:
+        ops.fxmobile.force_kernel_path(ctx, path)
+        try:
+            assert_equivalent(reference, lambda x: run(x, ctx), x)
+            assert_equivalent(lambda x: aten, lambda x: run(x, ctx), x)
+            y = run(x, ctx)
+        except AssertionError as e:
+            raise AssertionError(f"{where}, path {path}: {e}") from e
+        finally:
+            ops.fxmobile.force_kernel_path(ctx, "auto")
+        channels_last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
+        if x.dim() == 4 and channels_last != x.is_contiguous():  # one layout, not both
+            fmt = torch.channels_last if channels_last else torch.contiguous_format
+            assert y.is_contiguous(memory_format=fmt), (
+                f"{where}, path {path}: the output does not keep the input's memory format"
+            )
+    return taken
+
+
+CONV_PATHS = ("aten", "onednn", "onednn_nchw", "gemm", "depthwise")
+LINEAR_PATHS = ("aten", "gemm")
 
 
 def _check_conv2d(
@@ -85,16 +151,18 @@ def _check_conv2d(
     dilation: list[int],
     groups: int,
     clamp: Clamp,
-) -> None:
+) -> set[str]:
+    """Every family's conv2d, on every path, against conv2d + clamp; returns the paths run."""
+
     def reference(x: torch.Tensor) -> torch.Tensor:
         y = F.conv2d(x.double(), w.double(), _d(b), stride, padding, dilation, groups)
         return _clamped(y, clamp)
 
-    for family, run in _conv2d_runs(w, b, stride, padding, dilation, groups, clamp).items():
-        try:
-            assert_equivalent(reference, run, x)
-        except AssertionError as e:
-            raise AssertionError(f"{family}: {e}") from e
+    taken: set[str] = set()
+    contexts = _conv2d_contexts(w, b, stride, padding, dilation, groups, clamp)
+    for family, (ctx, run) in contexts.items():
+        taken |= set(_check_every_path(reference, ctx, run, x, CONV_PATHS, family))
+    return taken
 
 
 @st.composite
@@ -144,21 +212,17 @@ def test_conv2d_sweep(case: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     "size",
     [(1, 6, 3, 3), (1, 16, 12, 10), (2, 8, 9, 9), (1, 4, 30, 30), (1, 24, 30, 30), (1, 64, 64, 64)],
-    ids=["tiny-image", "gemm", "gemm-batch2", "expanding", "reducing", "large-input"],
+    ids=["tiny-image", "small", "batch2", "few-channels", "reducing", "large-input"],
 )
 @pytest.mark.parametrize("clamp", [(None, None), (0.0, 6.0)], ids=["noclamp", "relu6"])
 def test_conv2d_1x1_paths(size: tuple[int, ...], channels_last: bool, clamp: Clamp) -> None:
-    """1x1 convolutions (12 output channels) on each path (GEMM on NCHW or channels-last data,
-    oneDNN on NCHW, transposed to channels-last first) match conv2d + clamp, and the output
-    keeps the input's memory format, as eager's conv and upstream's XNNPACK ops do."""
+    """1x1 convolutions (12 output channels) on each path (the GEMM on NCHW or channels-last
+    data, oneDNN on NCHW or transposed to channels-last, ATen) match conv2d + clamp, and the
+    output keeps the input's memory format, as eager's conv and upstream's XNNPACK ops do."""
     w, b = _rand(12, size[1], 1, 1, seed=4), _rand(12, seed=5)
     x = _layout(_rand(*size, seed=6), channels_last)
-    _check_conv2d(x, w, b, [1, 1], [0, 0], [1, 1], 1, clamp)
-    ctx = ops.prepacked.conv2d_clamp_prepack(w, b, [1], [0], [1], 1)
-    y = ops.prepacked.conv2d_clamp_run(x, ctx)
-    assert (
-        y.is_contiguous(memory_format=torch.channels_last) if channels_last else y.is_contiguous()
-    )
+    taken = _check_conv2d(x, w, b, [1, 1], [0, 0], [1, 1], 1, clamp)
+    assert taken == {"aten", "onednn", "onednn_nchw", "gemm"}
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -205,22 +269,21 @@ def test_depthwise_direct_and_onednn_paths(
     threads: int,
     clamp: Clamp,
 ) -> None:
-    """Depthwise convolutions on small maps run fxmobile's direct loop, larger ones oneDNN; both
-    match conv2d + clamp, and the output keeps the input's memory format."""
+    """Depthwise convolutions on small maps run fxmobile's direct loop, larger ones oneDNN; every
+    path matches conv2d + clamp, and the output keeps the input's memory format."""
     c = size[1]
     w, b = _rand(c, 1, kernel, kernel, seed=60), _rand(c, seed=61)
     x = _layout(_rand(*size, seed=62), channels_last)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        _check_conv2d(x, w, b, [stride] * 2, [padding] * 2, [dilation] * 2, c, clamp)
-        ctx = ops.prepacked.conv2d_clamp_prepack(w, b, [stride], [padding], [dilation], c, *clamp)
-        y = ops.prepacked.conv2d_clamp_run(x, ctx)
+        taken = _check_conv2d(x, w, b, [stride] * 2, [padding] * 2, [dilation] * 2, c, clamp)
     finally:
         torch.set_num_threads(before)
-    assert (
-        y.is_contiguous(memory_format=torch.channels_last) if channels_last else y.is_contiguous()
-    )
+    assert "depthwise" in taken and "onednn" in taken
+    ctx = ops.prepacked.conv2d_clamp_prepack(w, b, [stride], [padding], [dilation], c, *clamp)
+    small = size[2] * size[3] <= 14 * 14
+    assert ops.fxmobile.kernel_path(ctx, x) == ("depthwise" if small else "onednn")
 
 
 def test_depthwise_direct_path_propagates_nan() -> None:
@@ -287,6 +350,100 @@ def test_unordered_clamp_follows_torch_clamp() -> None:
     )
 
 
+# --- the kernels' choice of path ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("x", "w", "stride", "groups", "expected"),
+    [
+        ((1, 64, 1, 1), (16, 64, 1, 1), 1, 1, ("gemm", "gemm")),  # an SE block: tiny work
+        ((1, 1280, 1, 1), (1000, 1280, 1, 1), 1, 1, ("gemm", "gemm")),  # one row
+        ((1, 96, 4, 4), (576, 96, 1, 1), 1, 1, ("onednn", "onednn")),  # 0.9M multiply-adds
+        ((1, 16, 112, 112), (96, 16, 1, 1), 1, 1, ("onednn_nchw", "onednn")),  # large output
+        ((1, 3, 224, 224), (32, 3, 3, 3), 2, 1, ("onednn_nchw", "onednn")),  # RGB stem
+        ((1, 128, 28, 28), (128, 128, 3, 3), 1, 1, ("onednn", "onednn")),  # mid-sized NCHW
+        ((1, 128, 56, 56), (128, 4, 3, 3), 1, 32, ("onednn_nchw", "onednn")),  # resnext, g32
+        ((1, 1024, 7, 7), (1024, 32, 3, 3), 1, 32, ("onednn", "onednn")),
+        ((1, 576, 14, 14), (576, 1, 3, 3), 1, 576, ("depthwise", "depthwise")),
+        ((1, 192, 28, 28), (192, 1, 3, 3), 2, 192, ("onednn_nchw", "onednn")),
+    ],
+    ids=str,
+)
+def test_rule_picks_the_measured_path(
+    x: tuple[int, ...],
+    w: tuple[int, ...],
+    stride: int,
+    groups: int,
+    expected: tuple[str, str],
+) -> None:
+    """The path for NCHW and channels-last input, as conv2d.cpp's measurements chose it."""
+    weight = _rand(*w, seed=70)
+    pad = w[2] // 2
+    ctx = ops.prepacked.conv2d_clamp_prepack(weight, None, [stride], [pad], [1], groups, 0.0)
+    xin = torch.empty(x)
+    cl = xin.contiguous(memory_format=torch.channels_last)
+    assert (ops.fxmobile.kernel_path(ctx, xin), ops.fxmobile.kernel_path(ctx, cl)) == expected
+
+
+def test_other_inputs_take_atens_path() -> None:
+    ctx = ops.prepacked.conv2d_clamp_prepack(_rand(4, 8, 3, 3, seed=71), None, [1], [1], [1], 1)
+    assert ops.fxmobile.kernel_path(ctx, torch.empty(1, 8, 9, 9)) == "onednn"
+    assert ops.fxmobile.kernel_path(ctx, torch.empty(1, 8, 9, 9, dtype=torch.float64)) == "aten"
+    assert ops.fxmobile.kernel_path(ctx, torch.empty(0, 8, 9, 9)) == "aten"
+    ops.fxmobile.force_kernel_path(ctx, "onednn")  # a forced path is for float32 input only
+    assert ops.fxmobile.kernel_path(ctx, torch.empty(1, 8, 9, 9, dtype=torch.float64)) == "aten"
+    w64 = _rand(4, 3, 3, 3, seed=71, dtype=torch.float64)
+    ctx64 = ops.prepacked.conv2d_clamp_prepack(w64, None, [1], [1], [1], 1)
+    assert _forceable(ctx64, CONV_PATHS) == ["aten"]  # no fast path for a float64 weight
+    lin = ops.prepacked.linear_clamp_prepack(_rand(5, 4, seed=72))
+    assert ops.fxmobile.kernel_path(lin, torch.empty(2, 4)) == "gemm"
+    assert ops.fxmobile.kernel_path(lin, torch.empty(2, 4, dtype=torch.float64)) == "aten"
+
+
+def test_forcing_refuses_what_the_kernel_cannot_take() -> None:
+    ctx = ops.prepacked.conv2d_clamp_prepack(_rand(4, 3, 3, 3, seed=73), None, [1], [1], [1], 1)
+    with pytest.raises(
+        RuntimeError,
+        match="cannot take the path 'gemm'; it can take 'auto', 'aten', 'onednn', 'onednn_nchw'",
+    ):
+        ops.fxmobile.force_kernel_path(ctx, "gemm")
+    with pytest.raises(RuntimeError, match="cannot take the path 'fast'"):
+        ops.fxmobile.force_kernel_path(ctx, "fast")
+    lin = ops.metal_prepack.linear_prepack(_rand(5, 4, seed=74), None)
+    with pytest.raises(RuntimeError, match="linear layer cannot take the path 'onednn'"):
+        ops.fxmobile.force_kernel_path(lin, "onednn")
+    norm = ops.vulkan_prepack.create_layernorm_context(_rand(4, seed=75), _rand(4, seed=76), 1e-5)
+    with pytest.raises(RuntimeError, match=r"LayernormPackedContext.* has no choice of kernel"):
+        ops.fxmobile.kernel_path(norm, torch.empty(2, 4))
+    with pytest.raises(RuntimeError, match="expected a prepacked conv or linear context"):
+        ops.fxmobile.kernel_path(3, torch.empty(2, 4))
+    with pytest.raises(RuntimeError, match="conv2d_clamp_run: expected a 4-D input"):
+        ops.fxmobile.kernel_path(ctx, torch.empty(3, 8, 8))
+
+
+def test_the_choice_is_not_pickled() -> None:
+    """Forcing a path changes neither the state nor the saved file; a loaded context chooses
+    by the rule again."""
+    ctx = ops.prepacked.conv2d_clamp_prepack(_rand(4, 8, 3, 3, seed=77), None, [1], [1], [1], 1)
+    holder = torch.jit.script(nn.Module())
+    holder._c._register_attribute("ctx", ctx._type(), ctx)
+
+    def saved() -> bytes:
+        buffer = io.BytesIO()
+        torch.jit.save(holder, buffer)
+        return buffer.getvalue()
+
+    before = saved()
+    state = ctx.__getstate__()
+    ops.fxmobile.force_kernel_path(ctx, "aten")
+    x = torch.empty(1, 8, 9, 9)
+    assert ops.fxmobile.kernel_path(ctx, x) == "aten"
+    assert saved() == before
+    assert str(ctx.__getstate__()) == str(state)
+    loaded = torch.jit.load(io.BytesIO(before))
+    assert ops.fxmobile.kernel_path(loaded.ctx, x) == "onednn"
+
+
 # --- conv_transpose2d ---------------------------------------------------------------------
 
 
@@ -336,8 +493,10 @@ def test_conv_transpose2d_sweep(case: dict[str, Any]) -> None:
 
     xnn = ops.prepacked.conv2d_transpose_clamp_prepack(w, b, s, p, op, d, g, lo, hi)
     vk = ops.vulkan_prepack.create_tconv2d_context(w, b, s, p, op, d, g, lo, hi)
-    assert_equivalent(reference, lambda x: ops.prepacked.conv2d_transpose_clamp_run(x, xnn), x)
-    assert_equivalent(reference, lambda x: ops.vulkan_prepack.run_tconv2d_context(x, vk), x)
+    run_xnn = ops.prepacked.conv2d_transpose_clamp_run
+    _check_every_path(reference, xnn, run_xnn, x, CONV_PATHS, "xnnpack")
+    run_vk = ops.vulkan_prepack.run_tconv2d_context
+    _check_every_path(reference, vk, run_vk, x, CONV_PATHS, "vulkan")
 
 
 # --- linear -------------------------------------------------------------------------------
@@ -363,11 +522,15 @@ def test_linear_sweep(
 
     xnn = ops.prepacked.linear_clamp_prepack(w, b, lo, hi)
     mtl = ops.metal_prepack.linear_prepack(w, b, lo, hi)
-    assert_equivalent(reference, lambda x: ops.prepacked.linear_clamp_run(x, xnn), x)
-    assert_equivalent(reference, lambda x: ops.metal_prepack.linear_run(x, mtl), x)
+    for family, ctx, run in [
+        ("xnnpack", xnn, ops.prepacked.linear_clamp_run),
+        ("metal", mtl, ops.metal_prepack.linear_run),
+    ]:
+        assert _check_every_path(reference, ctx, run, x, LINEAR_PATHS, family) == ["aten", "gemm"]
     if clamp == (None, None):  # Vulkan linear has no clamp; its weight comes transposed
         vk = ops.vulkan_prepack.create_linear_context(w.t(), b)
-        assert_equivalent(reference, lambda x: ops.vulkan_prepack.run_linear_context(x, vk), x)
+        run_vk = ops.vulkan_prepack.run_linear_context
+        _check_every_path(reference, vk, run_vk, x, LINEAR_PATHS, "vulkan")
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -376,13 +539,17 @@ def test_linear_single_row_split_over_threads(threads: int) -> None:
     w, b = _rand(300, 512, seed=23), _rand(300, seed=24)
     x = _rand(1, 512, seed=25)
     ctx = ops.prepacked.linear_clamp_prepack(w, b, -1.0, 1.0)
+    assert ops.fxmobile.kernel_path(ctx, x) == "gemm"
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        assert_equivalent(
+        _check_every_path(
             lambda x: F.linear(x.double(), w.double(), b.double()).clamp(-1, 1),
-            lambda x: ops.prepacked.linear_clamp_run(x, ctx),
+            ctx,
+            ops.prepacked.linear_clamp_run,
             x,
+            LINEAR_PATHS,
+            "xnnpack",
         )
     finally:
         torch.set_num_threads(before)
@@ -400,10 +567,13 @@ def test_conv1d(stride: int, padding: int, dilation: int, groups: int, bias: boo
     b = _rand(8, seed=27) if bias else None
     ctx = ops.vulkan_prepack.create_conv1d_context(w, b, [stride], [padding], [dilation], groups)
     x = _rand(2, 8, 13, seed=28)
-    assert_equivalent(
+    _check_every_path(
         lambda x: F.conv1d(x.double(), w.double(), _d(b), stride, padding, dilation, groups),
-        lambda x: ops.vulkan_prepack.run_conv1d_context(x, ctx),
+        ctx,
+        ops.vulkan_prepack.run_conv1d_context,
         x,
+        CONV_PATHS,
+        "vulkan conv1d",
     )
 
 

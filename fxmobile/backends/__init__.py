@@ -1,5 +1,5 @@
 """Backends fxmobile targets (XNNPACK/CPU, Vulkan, Metal): one folder each, plus the op library.
 
-``library`` loads ``fxmobile._C`` lazily and registers each backend's op family on demand; see
-:func:`fxmobile.backends.library.ensure_registered`.
+``library`` registers every op family ``fxmobile._C`` provides when fxmobile is imported (and
+``ensure_registered`` on demand, idempotently); see :mod:`fxmobile.backends.library`.
 """

@@ -1,4 +1,4 @@
-"""Loader for fxmobile's operator library, ``fxmobile._C``: registers op families on demand.
+"""Loader for fxmobile's operator library, ``fxmobile._C``: registers the op families.
 
 Why: PyTorch 2.13+ ships without XNNPACK, Vulkan and Metal, so the ``prepacked::``,
 ``vulkan_prepack::`` and ``metal_prepack::`` operators and their ``xnnpack.*``, ``vulkan.*``,
@@ -8,13 +8,17 @@ be built, saved, loaded and run here, and still load unchanged on mobile runtime
 
 What: :func:`ensure_registered` registers one :class:`OpFamily` the first time it is asked,
 unless the running torch already provides that family (then torch's own ops are used and
-nothing is registered); it answers who provides the family. Registration happens at run time,
-never at import: importing fxmobile does not load ``fxmobile._C``. Calls are idempotent and
-serialized by a lock.
+nothing is registered); it answers who provides the family. Calls are idempotent and
+serialized by a lock. Importing this module (so ``import fxmobile``) registers every family
+(about 2 ms), so that ``torch.jit.load`` and the lite interpreter can read an fxmobile file in
+a fresh process with nothing else called first. A failure there (``fxmobile._C`` not built, or
+built for another torch) does not fail the import: the error is raised, with how to fix it,
+when a family is needed (:func:`ensure_registered`, or loading a file that names its ops).
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import importlib
 import threading
@@ -128,3 +132,13 @@ def _load_extension() -> ModuleType:
             f"rebuild it. {_BUILD_HINT}"
         ) from e
     return _extension
+
+
+def _register_all_at_import() -> None:
+    for family in OpFamily:
+        # Not cached on failure: ensure_registered tries again and raises the clear error.
+        with contextlib.suppress(ExtensionUnavailableError):
+            ensure_registered(family)
+
+
+_register_all_at_import()

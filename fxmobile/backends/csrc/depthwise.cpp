@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "elementwise.h"
 #include "simd.h"
 
 namespace fxmobile {
@@ -174,6 +175,36 @@ at::Tensor depthwise_nhwc(
     }
   });
   return out;
+}
+
+bool DepthwiseConv::applies(const at::Tensor& weight, const ConvGeometry& geo) {
+  return !geo.transposed && geo.groups > 1 && weight.size(1) == 1 && weight.size(0) == geo.groups;
+}
+
+DepthwiseConv::DepthwiseConv(
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    const ConvGeometry& geometry,
+    ClampBounds clamp)
+    : taps_(depthwise_taps_major(weight)),
+      bias_(bias),
+      geo_{
+          weight.size(2),
+          weight.size(3),
+          geometry.stride[0],
+          geometry.stride[1],
+          geometry.padding[0],
+          geometry.padding[1],
+          geometry.dilation[0],
+          geometry.dilation[1]},
+      clamp_(clamp) {}
+
+at::Tensor DepthwiseConv::run(const at::Tensor& input) const {
+  at::Tensor x = input;
+  if (!x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+    x = x.is_contiguous() ? to_channels_last(x) : x.contiguous(at::MemoryFormat::ChannelsLast);
+  }
+  return depthwise_nhwc(x, taps_, bias_data(bias_), geo_, clamp_.lo(), clamp_.hi());
 }
 
 } // namespace fxmobile

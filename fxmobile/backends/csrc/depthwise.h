@@ -11,7 +11,10 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
+
+#include "params.h"
 
 namespace fxmobile {
 
@@ -35,5 +38,28 @@ at::Tensor depthwise_nhwc(
     const DepthwiseGeometry& geo,
     float lo,
     float hi);
+
+// A depthwise convolution (groups == in_channels == out_channels) prepacked for the loop.
+class DepthwiseConv {
+ public:
+  // True for the convolutions this path computes: one filter per channel, not transposed.
+  static bool applies(const at::Tensor& weight, const ConvGeometry& geometry);
+
+  // `weight` is (C, 1, KH, KW), contiguous float32.
+  DepthwiseConv(
+      const at::Tensor& weight,
+      const std::optional<at::Tensor>& bias,
+      const ConvGeometry& geometry,
+      ClampBounds clamp);
+
+  // Any input layout (an NCHW one is transposed first); the output is channels-last.
+  at::Tensor run(const at::Tensor& input) const;
+
+ private:
+  at::Tensor taps_; // (KH * KW, C)
+  std::optional<at::Tensor> bias_;
+  DepthwiseGeometry geo_;
+  ClampBounds clamp_;
+};
 
 } // namespace fxmobile

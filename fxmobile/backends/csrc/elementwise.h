@@ -22,7 +22,8 @@ void add_bias_clamp_(
     float lo,
     float hi);
 
-// See kernels.h.
+// An NCHW float32 tensor copied to channels-last (blocked AVX transpose), parallel over
+// ATen's threads.
 at::Tensor to_channels_last(const at::Tensor& input);
 
 } // namespace fxmobile

@@ -3,7 +3,8 @@
 // Importing the module registers nothing. It exposes one function,
 //   register_family(name: str) -> str
 // which registers the "xnnpack", "vulkan" or "metal" op family (once) unless torch already
-// provides it, and answers "native" or "fxmobile". Plain CPython API, no pybind11: the module
+// provides it, and answers "native" or "fxmobile". The first call also registers the
+// fxmobile:: debug ops of kernel_paths.h. Plain CPython API, no pybind11: the module
 // is tiny and this keeps its build fast.
 #include <Python.h>
 
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <exception>
 
+#include "kernel_paths.h"
 #include "registry.h"
 
 namespace {
@@ -27,6 +29,7 @@ PyObject* register_family(PyObject* /*self*/, PyObject* arg) {
   }
   fxmobile::Provider provider;
   try {
+    fxmobile::register_kernel_path_ops();
     if (std::strcmp(name, "xnnpack") == 0) {
       provider = fxmobile::register_xnnpack();
     } else if (std::strcmp(name, "vulkan") == 0) {

@@ -1,9 +1,9 @@
-// Detection of natively provided families and the register-once guard (see registry.h).
+// The register-once guard and the check for natively provided families (see registry.h).
 #include "registry.h"
 
-#include <torch/custom_class.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <cstring>
 #include <sstream>
 
 namespace fxmobile {
@@ -27,13 +27,38 @@ std::string join(const std::vector<std::string>& names) {
 
 } // namespace
 
-bool family_is_native(const FamilyNames& names) {
+Family::Family(const char* name, const char* op_namespace, void (*declare)(Family&))
+    : name_(name), namespace_(op_namespace) {
+  declare(*this);
+}
+
+Family& Family::add_op(
+    const char* schema,
+    std::function<torch::CppFunction()> make_kernel,
+    bool cpu_only) {
+  const char* paren = std::strchr(schema, '(');
+  TORCH_CHECK(paren != nullptr, "fxmobile: not an operator schema: ", schema);
+  std::string name(schema, paren);
+  TORCH_CHECK(
+      name.rfind(std::string(namespace_) + "::", 0) == 0,
+      "fxmobile: the ",
+      name_,
+      " family's operators are in ",
+      namespace_,
+      "::, got ",
+      name);
+  ops_.push_back(Op{schema, std::move(name), std::move(make_kernel), cpu_only});
+  return *this;
+}
+
+// True when torch already registers every name of the family, false when it registers none.
+bool Family::is_native() const {
   std::vector<std::string> present;
   std::vector<std::string> missing;
-  for (const auto& op : names.ops) {
-    (op_exists(op) ? present : missing).push_back(op);
+  for (const auto& op : ops_) {
+    (op_exists(op.name) ? present : missing).push_back(op.name);
   }
-  for (const auto& cls : names.classes) {
+  for (const auto& cls : classes_) {
     (class_exists(cls) ? present : missing).push_back(cls);
   }
   if (missing.empty()) {
@@ -42,7 +67,7 @@ bool family_is_native(const FamilyNames& names) {
   TORCH_CHECK(
       present.empty(),
       "fxmobile cannot register the ",
-      names.family,
+      name_,
       " op family: this torch (or another extension) already registers part of it (",
       join(present),
       ") but not the rest (",
@@ -52,22 +77,36 @@ bool family_is_native(const FamilyNames& names) {
   return false;
 }
 
-Provider register_once(
-    const FamilyNames& names,
-    std::optional<Provider>& state,
-    std::mutex& mutex,
-    void (*do_register)()) {
-  std::lock_guard<std::mutex> guard(mutex);
-  if (state) {
-    return *state;
+void Family::do_register() {
+  // Classes first: the schemas name them.
+  for (const auto& register_class : class_registrations_) {
+    register_class();
   }
-  if (family_is_native(names)) {
-    state = Provider::kNative;
-  } else {
-    do_register();
-    state = Provider::kFxMobile;
+  def_library_ = std::make_unique<torch::Library>(
+      torch::Library::DEF, namespace_, std::nullopt, __FILE__, __LINE__);
+  cpu_library_ = std::make_unique<torch::Library>(
+      torch::Library::IMPL, namespace_, c10::DispatchKey::CPU, __FILE__, __LINE__);
+  for (const auto& op : ops_) {
+    if (op.cpu_only) {
+      def_library_->def(op.schema.c_str());
+      cpu_library_->impl(op.name.c_str() + std::strlen(namespace_) + 2, op.make_kernel());
+    } else {
+      def_library_->def(op.schema.c_str(), op.make_kernel());
+    }
   }
-  return *state;
+}
+
+Provider Family::register_once() {
+  std::lock_guard<std::mutex> guard(mutex_);
+  if (!provider_) {
+    if (is_native()) {
+      provider_ = Provider::kNative;
+    } else {
+      do_register();
+      provider_ = Provider::kFxMobile;
+    }
+  }
+  return *provider_;
 }
 
 } // namespace fxmobile

@@ -7,11 +7,6 @@
 // Left out: the quantized ops (create_qconv2d_context, create_qtconv2d_context,
 // run_qconv2d_context, run_qlinear_context, vulkan_quantized::*), and the pre-2022
 // backward-compatibility pair conv2d_clamp_prepack/conv2d_clamp_run with vulkan.Conv2dOpContext.
-#include <torch/custom_class.h>
-#include <torch/library.h>
-
-#include <memory>
-
 #include "../../csrc/registry.h"
 #include "vulkan_contexts.h"
 
@@ -135,35 +130,11 @@ c10::intrusive_ptr<Context> create_rnn_context(
 
 // --- run_*_context ------------------------------------------------------------------------
 
-at::Tensor run_conv_context(
-    const at::Tensor& input,
-    const c10::intrusive_ptr<Conv2dPackedContext>& context) {
-  return context->run(input);
-}
-
-at::Tensor run_conv1d_context(
-    const at::Tensor& input,
-    const c10::intrusive_ptr<Conv1dPackedContext>& context) {
-  return context->run(input);
-}
-
-at::Tensor run_linear_context(
-    const at::Tensor& input,
-    const c10::intrusive_ptr<LinearPackedContext>& context) {
-  return context->run(input);
-}
-
 at::Tensor run_layernorm_context(
     const at::Tensor& input,
     c10::IntArrayRef normalized_shape,
     const c10::intrusive_ptr<LayernormPackedContext>& context) {
   return context->run(input, normalized_shape);
-}
-
-at::Tensor run_batchnorm_context(
-    const at::Tensor& input,
-    const c10::intrusive_ptr<BatchNormPackedContext>& context) {
-  return context->run(input);
 }
 
 std::tuple<at::Tensor, at::Tensor> run_gru_context(
@@ -183,141 +154,78 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_lstm_context(
 
 // --- registration -------------------------------------------------------------------------
 
-template <typename Context>
-void register_class(const char* name) {
-  torch::class_<Context>("vulkan", name)
-      .def_pickle(
-          [](const c10::intrusive_ptr<Context>& self) -> List { return self->unpack(); },
-          [](List state) -> c10::intrusive_ptr<Context> {
-            return c10::make_intrusive<Context>(std::move(state));
-          });
-}
+void declare(Family& f) {
+  f.context<Conv2dPackedContext>("vulkan", "Conv2dPackedContext");
+  f.context<Conv1dPackedContext>("vulkan", "Conv1dPackedContext");
+  f.context<LinearPackedContext>("vulkan", "LinearPackedContext");
+  f.context<LayernormPackedContext>("vulkan", "LayernormPackedContext");
+  f.context<BatchNormPackedContext>("vulkan", "BatchNormPackedContext");
+  f.context<GruPackedContext>("vulkan", "GruPackedContext");
+  f.context<LstmPackedContext>("vulkan", "LstmPackedContext");
 
-const FamilyNames kNames{
-    "Vulkan",
-    {"vulkan_prepack::create_conv2d_context",
-     "vulkan_prepack::run_conv2d_context",
-     "vulkan_prepack::create_tconv2d_context",
-     "vulkan_prepack::run_tconv2d_context",
-     "vulkan_prepack::create_conv1d_context",
-     "vulkan_prepack::run_conv1d_context",
-     "vulkan_prepack::create_linear_context",
-     "vulkan_prepack::run_linear_context",
-     "vulkan_prepack::create_layernorm_context",
-     "vulkan_prepack::run_layernorm_context",
-     "vulkan_prepack::create_gru_context",
-     "vulkan_prepack::run_gru_context",
-     "vulkan_prepack::create_lstm_context",
-     "vulkan_prepack::run_lstm_context",
-     "vulkan_prepack::create_batchnorm_context",
-     "vulkan_prepack::run_batchnorm_context"},
-    {"vulkan.Conv2dPackedContext",
-     "vulkan.Conv1dPackedContext",
-     "vulkan.LinearPackedContext",
-     "vulkan.LayernormPackedContext",
-     "vulkan.BatchNormPackedContext",
-     "vulkan.GruPackedContext",
-     "vulkan.LstmPackedContext"}};
-
-std::unique_ptr<torch::Library> def_library;
-std::unique_ptr<torch::Library> cpu_library;
-
-void do_register() {
-  register_class<Conv2dPackedContext>("Conv2dPackedContext");
-  register_class<Conv1dPackedContext>("Conv1dPackedContext");
-  register_class<LinearPackedContext>("LinearPackedContext");
-  register_class<LayernormPackedContext>("LayernormPackedContext");
-  register_class<BatchNormPackedContext>("BatchNormPackedContext");
-  register_class<GruPackedContext>("GruPackedContext");
-  register_class<LstmPackedContext>("LstmPackedContext");
-
-  def_library = std::make_unique<torch::Library>(
-      torch::Library::DEF, "vulkan_prepack", std::nullopt, __FILE__, __LINE__);
-  auto& m = *def_library;
-  m.def(
-      "vulkan_prepack::create_conv2d_context(Tensor W, Tensor? B, int[2] stride, "
-      "int[2] padding, int[2] dilation, int groups, "
-      "Scalar? output_min=None, Scalar? output_max=None) "
-      "-> __torch__.torch.classes.vulkan.Conv2dPackedContext");
-  m.def(
-      "vulkan_prepack::run_conv2d_context(Tensor X, "
-      "__torch__.torch.classes.vulkan.Conv2dPackedContext W_prepack) -> Tensor Y");
-  m.def(
-      "vulkan_prepack::create_tconv2d_context(Tensor W, Tensor? B, int[2] stride, "
-      "int[2] padding, int[2] output_padding, int[2] dilation, int groups, "
-      "Scalar? output_min=None, Scalar? output_max=None) "
-      "-> __torch__.torch.classes.vulkan.Conv2dPackedContext");
-  m.def(
-      "vulkan_prepack::run_tconv2d_context(Tensor X, "
-      "__torch__.torch.classes.vulkan.Conv2dPackedContext W_prepack) -> Tensor Y");
-  m.def(
-      "vulkan_prepack::create_conv1d_context(Tensor W, Tensor? B, int[2] stride, "
-      "int[2] padding, int[2] dilation, int groups) "
-      "-> __torch__.torch.classes.vulkan.Conv1dPackedContext");
-  m.def(
-      "vulkan_prepack::run_conv1d_context(Tensor X, "
-      "__torch__.torch.classes.vulkan.Conv1dPackedContext W_prepack) -> Tensor Y");
-  m.def(
-      "vulkan_prepack::create_linear_context(Tensor W, Tensor? B) "
-      "-> __torch__.torch.classes.vulkan.LinearPackedContext");
-  m.def(
-      "vulkan_prepack::run_linear_context(Tensor X, "
-      "__torch__.torch.classes.vulkan.LinearPackedContext BW_prepack) -> Tensor Y");
-  // Ops whose tensor arguments may all be None (or an empty list) get catch-all kernels:
-  // a CPU-only kernel could not be dispatched to without a tensor.
-  m.def(
+  f.op("vulkan_prepack::create_conv2d_context(Tensor W, Tensor? B, int[2] stride, "
+       "int[2] padding, int[2] dilation, int groups, "
+       "Scalar? output_min=None, Scalar? output_max=None) "
+       "-> __torch__.torch.classes.vulkan.Conv2dPackedContext",
+       TORCH_FN(create_conv2d_context));
+  f.op("vulkan_prepack::run_conv2d_context(Tensor X, "
+       "__torch__.torch.classes.vulkan.Conv2dPackedContext W_prepack) -> Tensor Y",
+       TORCH_FN(run_op<Conv2dPackedContext>));
+  f.op("vulkan_prepack::create_tconv2d_context(Tensor W, Tensor? B, int[2] stride, "
+       "int[2] padding, int[2] output_padding, int[2] dilation, int groups, "
+       "Scalar? output_min=None, Scalar? output_max=None) "
+       "-> __torch__.torch.classes.vulkan.Conv2dPackedContext",
+       TORCH_FN(create_tconv2d_context));
+  f.op("vulkan_prepack::run_tconv2d_context(Tensor X, "
+       "__torch__.torch.classes.vulkan.Conv2dPackedContext W_prepack) -> Tensor Y",
+       TORCH_FN(run_op<Conv2dPackedContext>));
+  f.op("vulkan_prepack::create_conv1d_context(Tensor W, Tensor? B, int[2] stride, "
+       "int[2] padding, int[2] dilation, int groups) "
+       "-> __torch__.torch.classes.vulkan.Conv1dPackedContext",
+       TORCH_FN(create_conv1d_context));
+  f.op("vulkan_prepack::run_conv1d_context(Tensor X, "
+       "__torch__.torch.classes.vulkan.Conv1dPackedContext W_prepack) -> Tensor Y",
+       TORCH_FN(run_op<Conv1dPackedContext>));
+  f.op("vulkan_prepack::create_linear_context(Tensor W, Tensor? B) "
+       "-> __torch__.torch.classes.vulkan.LinearPackedContext",
+       TORCH_FN(create_linear_context));
+  f.op("vulkan_prepack::run_linear_context(Tensor X, "
+       "__torch__.torch.classes.vulkan.LinearPackedContext BW_prepack) -> Tensor Y",
+       TORCH_FN(run_op<LinearPackedContext>));
+  f.op_for_any_device(
       "vulkan_prepack::create_layernorm_context(Tensor? W, Tensor? B, float eps) "
       "-> __torch__.torch.classes.vulkan.LayernormPackedContext",
       &create_layernorm_context);
-  m.def(
-      "vulkan_prepack::run_layernorm_context(Tensor X, SymInt[] normalized_shape, "
-      "__torch__.torch.classes.vulkan.LayernormPackedContext BW_prepack) -> Tensor Y");
-  m.def(
+  f.op("vulkan_prepack::run_layernorm_context(Tensor X, SymInt[] normalized_shape, "
+       "__torch__.torch.classes.vulkan.LayernormPackedContext BW_prepack) -> Tensor Y",
+       TORCH_FN(run_layernorm_context));
+  f.op_for_any_device(
       "vulkan_prepack::create_gru_context(Tensor[] params_cpu, bool has_biases, "
       "int num_layers, float dropout, bool train, bool bidirectional, bool batch_first) "
       "-> __torch__.torch.classes.vulkan.GruPackedContext",
       &create_rnn_context<GruPackedContext>);
-  m.def(
-      "vulkan_prepack::run_gru_context(Tensor input_vk, Tensor hx_vk, "
-      "__torch__.torch.classes.vulkan.GruPackedContext G_prepack) "
-      "-> (Tensor next_input, Tensor hidden_layer)");
-  m.def(
+  f.op("vulkan_prepack::run_gru_context(Tensor input_vk, Tensor hx_vk, "
+       "__torch__.torch.classes.vulkan.GruPackedContext G_prepack) "
+       "-> (Tensor next_input, Tensor hidden_layer)",
+       TORCH_FN(run_gru_context));
+  f.op_for_any_device(
       "vulkan_prepack::create_lstm_context(Tensor[] params_cpu, bool has_biases, "
       "int num_layers, float dropout, bool train, bool bidirectional, bool batch_first) "
       "-> __torch__.torch.classes.vulkan.LstmPackedContext",
       &create_rnn_context<LstmPackedContext>);
-  m.def(
-      "vulkan_prepack::run_lstm_context(Tensor input_vk, Tensor hx_vk, Tensor cx_vk, "
-      "__torch__.torch.classes.vulkan.LstmPackedContext L_prepack) "
-      "-> (Tensor next_input, Tensor hidden_state, Tensor cell_state)");
-  m.def(
+  f.op("vulkan_prepack::run_lstm_context(Tensor input_vk, Tensor hx_vk, Tensor cx_vk, "
+       "__torch__.torch.classes.vulkan.LstmPackedContext L_prepack) "
+       "-> (Tensor next_input, Tensor hidden_state, Tensor cell_state)",
+       TORCH_FN(run_lstm_context));
+  f.op_for_any_device(
       "vulkan_prepack::create_batchnorm_context(Tensor? weight_opt, Tensor? bias_opt, "
       "Tensor? running_mean_opt, Tensor? running_var_opt, bool training, float momentum, "
       "float eps, bool cudnn_enable) -> __torch__.torch.classes.vulkan.BatchNormPackedContext",
       &create_batchnorm_context);
-  m.def(
-      "vulkan_prepack::run_batchnorm_context(Tensor input_vk, "
-      "__torch__.torch.classes.vulkan.BatchNormPackedContext context) -> Tensor out");
-
-  cpu_library = std::make_unique<torch::Library>(
-      torch::Library::IMPL, "vulkan_prepack", c10::DispatchKey::CPU, __FILE__, __LINE__);
-  auto& cpu = *cpu_library;
-  cpu.impl("create_conv2d_context", TORCH_FN(create_conv2d_context));
-  cpu.impl("run_conv2d_context", TORCH_FN(run_conv_context));
-  cpu.impl("create_tconv2d_context", TORCH_FN(create_tconv2d_context));
-  cpu.impl("run_tconv2d_context", TORCH_FN(run_conv_context));
-  cpu.impl("create_conv1d_context", TORCH_FN(create_conv1d_context));
-  cpu.impl("run_conv1d_context", TORCH_FN(run_conv1d_context));
-  cpu.impl("create_linear_context", TORCH_FN(create_linear_context));
-  cpu.impl("run_linear_context", TORCH_FN(run_linear_context));
-  cpu.impl("run_layernorm_context", TORCH_FN(run_layernorm_context));
-  cpu.impl("run_gru_context", TORCH_FN(run_gru_context));
-  cpu.impl("run_lstm_context", TORCH_FN(run_lstm_context));
-  cpu.impl("run_batchnorm_context", TORCH_FN(run_batchnorm_context));
+  f.op("vulkan_prepack::run_batchnorm_context(Tensor input_vk, "
+       "__torch__.torch.classes.vulkan.BatchNormPackedContext context) -> Tensor out",
+       TORCH_FN(run_op<BatchNormPackedContext>));
 }
-
-std::optional<Provider> state;
-std::mutex state_mutex;
 
 } // namespace
 } // namespace fxmobile::vulkan
@@ -325,8 +233,8 @@ std::mutex state_mutex;
 namespace fxmobile {
 
 Provider register_vulkan() {
-  return register_once(
-      vulkan::kNames, vulkan::state, vulkan::state_mutex, &vulkan::do_register);
+  static Family family("Vulkan", "vulkan_prepack", &vulkan::declare);
+  return family.register_once();
 }
 
 } // namespace fxmobile

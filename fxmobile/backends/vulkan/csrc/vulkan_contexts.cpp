@@ -4,7 +4,6 @@
 #include <ATen/ATen.h>
 
 #include <limits>
-#include <sstream>
 
 namespace fxmobile::vulkan {
 namespace {
@@ -87,12 +86,6 @@ int64_t first(const std::vector<int64_t>& values, const char* op, const char* wh
   return values[0];
 }
 
-std::string shape_str(const at::Tensor& t) {
-  std::ostringstream s;
-  s << t.sizes();
-  return s.str();
-}
-
 } // namespace
 
 // --- convolution -------------------------------------------------------------------------
@@ -170,6 +163,14 @@ at::Tensor Conv1dPackedContext::run(const at::Tensor& input) const {
       "vulkan_prepack::run_conv1d_context: expected a 3-D input (N, C, L), got shape ",
       shape_str(input));
   return kernel_->run(input.unsqueeze(2)).squeeze(2).contiguous();
+}
+
+std::string Conv1dPackedContext::kernel_path(const at::Tensor& input) const {
+  TORCH_CHECK(
+      input.dim() == 3,
+      "vulkan_prepack::run_conv1d_context: expected a 3-D input (N, C, L), got shape ",
+      shape_str(input));
+  return kernel_->path(input.unsqueeze(2));
 }
 
 // --- linear --------------------------------------------------------------------------------

@@ -3,12 +3,13 @@
 // Upstream (aten/src/ATen/native/vulkan/ops/{Convolution,Mm,Layernorm,Batchnorm,Gru,Lstm}.h)
 // keeps, next to the GPU-packed data, the "unpacked" list of the create_*_context arguments,
 // and pickles that list: __getstate__ returns it, __setstate__ packs it again. These classes
-// keep the same list, element for element, and pack it for fxmobile's CPU kernels instead of a
-// GPU. One deliberate difference, for Gru/LstmPackedContext: upstream's __getstate__ returns the
-// weights split per gate (12 or 16 tensors per layer), which upstream's own __setstate__
-// rejects (it wants 4 per layer), so a saved upstream GRU/LSTM context cannot be loaded back.
-// fxmobile pickles the 4-per-layer list that create_*_context received, which every runtime
-// loads, and accepts both forms when loading.
+// keep the same list, element for element (their `state()`, see ../../csrc/registry.h), and
+// pack it for fxmobile's CPU kernels instead of a GPU. One deliberate difference, for
+// Gru/LstmPackedContext: upstream's __getstate__ returns the weights split per gate (12 or 16
+// tensors per layer), which upstream's own __setstate__ rejects (it wants 4 per layer), so a
+// saved upstream GRU/LSTM context cannot be loaded back. fxmobile pickles the 4-per-layer list
+// that create_*_context received, which every runtime loads, and accepts both forms when
+// loading.
 #pragma once
 
 #include <ATen/core/List.h>
@@ -21,6 +22,7 @@
 #include <tuple>
 #include <vector>
 
+#include "../../csrc/kernel_paths.h"
 #include "../../csrc/kernels.h"
 
 namespace fxmobile::vulkan {
@@ -70,14 +72,21 @@ enum : size_t {
 }
 
 // Used for both create_conv2d_context and create_tconv2d_context (the list says which).
-class Conv2dPackedContext : public torch::CustomClassHolder {
+class Conv2dPackedContext : public torch::CustomClassHolder, public KernelPaths {
  public:
   explicit Conv2dPackedContext(List unpacked);
-  List unpack() const {
-    return unpacked_.copy();
+  using State = List;
+  const List& state() const {
+    return unpacked_;
   }
   at::Tensor run(const at::Tensor& input) const {
     return kernel_->run(input);
+  }
+  std::string kernel_path(const at::Tensor& input) const override {
+    return kernel_->path(input);
+  }
+  void force_kernel_path(const std::string& path) const override {
+    kernel_->force_path(path);
   }
 
  private:
@@ -85,13 +94,18 @@ class Conv2dPackedContext : public torch::CustomClassHolder {
   std::unique_ptr<Conv2dKernel> kernel_;
 };
 
-class Conv1dPackedContext : public torch::CustomClassHolder {
+class Conv1dPackedContext : public torch::CustomClassHolder, public KernelPaths {
  public:
   explicit Conv1dPackedContext(List unpacked);
-  List unpack() const {
-    return unpacked_.copy();
+  using State = List;
+  const List& state() const {
+    return unpacked_;
   }
   at::Tensor run(const at::Tensor& input) const;
+  std::string kernel_path(const at::Tensor& input) const override;
+  void force_kernel_path(const std::string& path) const override {
+    kernel_->force_path(path);
+  }
 
  private:
   List unpacked_;
@@ -100,14 +114,21 @@ class Conv1dPackedContext : public torch::CustomClassHolder {
 
 // The weight in the list is already transposed, (in_features, out_features): upstream's
 // rewrite inserts aten::t before create_linear_context.
-class LinearPackedContext : public torch::CustomClassHolder {
+class LinearPackedContext : public torch::CustomClassHolder, public KernelPaths {
  public:
   explicit LinearPackedContext(List unpacked);
-  List unpack() const {
-    return unpacked_.copy();
+  using State = List;
+  const List& state() const {
+    return unpacked_;
   }
   at::Tensor run(const at::Tensor& input) const {
     return kernel_->run(input);
+  }
+  std::string kernel_path(const at::Tensor& input) const override {
+    return kernel_->path(input);
+  }
+  void force_kernel_path(const std::string& path) const override {
+    kernel_->force_path(path);
   }
 
  private:
@@ -118,8 +139,9 @@ class LinearPackedContext : public torch::CustomClassHolder {
 class LayernormPackedContext : public torch::CustomClassHolder {
  public:
   explicit LayernormPackedContext(List unpacked);
-  List unpack() const {
-    return unpacked_.copy();
+  using State = List;
+  const List& state() const {
+    return unpacked_;
   }
   at::Tensor run(const at::Tensor& input, c10::IntArrayRef normalized_shape) const;
 
@@ -133,8 +155,9 @@ class LayernormPackedContext : public torch::CustomClassHolder {
 class BatchNormPackedContext : public torch::CustomClassHolder {
  public:
   explicit BatchNormPackedContext(List unpacked);
-  List unpack() const {
-    return unpacked_.copy();
+  using State = List;
+  const List& state() const {
+    return unpacked_;
   }
   at::Tensor run(const at::Tensor& input) const;
 
@@ -153,8 +176,9 @@ class RnnPackedContext : public torch::CustomClassHolder {
  public:
   enum class Kind { kGru, kLstm };
   RnnPackedContext(List unpacked, Kind kind);
-  List unpack() const {
-    return unpacked_.copy();
+  using State = List;
+  const List& state() const {
+    return unpacked_;
   }
 
  protected:

@@ -1,0 +1,218 @@
+// oneDNN convolution with a prepacked weight (see conv_onednn.h).
+#include "conv_onednn.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <string_view>
+
+#include "elementwise.h"
+
+namespace fxmobile {
+namespace {
+
+// oneDNN entry points, reached through the dispatcher: ATen registers them under the
+// `mkldnn::` namespace and has no at:: C++ function for them.
+using ConvPointwiseFn = at::Tensor(
+    const at::Tensor&,
+    const at::Tensor&,
+    const std::optional<at::Tensor>&,
+    c10::IntArrayRef, // padding
+    c10::IntArrayRef, // stride
+    c10::IntArrayRef, // dilation
+    int64_t, // groups
+    std::string_view, // attr
+    c10::List<std::optional<c10::Scalar>>, // scalars
+    std::optional<std::string_view>); // algorithm
+
+using ConvTransposePointwiseFn = at::Tensor(
+    const at::Tensor&,
+    const at::Tensor&,
+    const std::optional<at::Tensor>&,
+    c10::IntArrayRef, // padding
+    c10::IntArrayRef, // output_padding
+    c10::IntArrayRef, // stride
+    c10::IntArrayRef, // dilation
+    int64_t, // groups
+    std::string_view, // attr
+    c10::List<std::optional<c10::Scalar>>, // scalars
+    std::optional<std::string_view>); // algorithm
+
+struct OneDnnOps {
+  std::optional<c10::TypedOperatorHandle<ConvPointwiseFn>> conv;
+  std::optional<c10::TypedOperatorHandle<ConvTransposePointwiseFn>> conv_transpose;
+  std::optional<c10::OperatorHandle> reorder_conv;
+  std::optional<c10::OperatorHandle> reorder_conv_transpose;
+};
+
+// Looked up once. An op that is missing, or whose C++ signature does not match (another
+// torch), leaves its slot empty and the kernels fall back to ATen's convolution.
+const OneDnnOps& onednn_ops() {
+  static const OneDnnOps ops = [] {
+    OneDnnOps o;
+    if (!at::hasMKLDNN()) {
+      return o;
+    }
+    auto& d = c10::Dispatcher::singleton();
+    try {
+      if (auto h = d.findSchema({"mkldnn::_convolution_pointwise", ""})) {
+        o.conv = h->typed<ConvPointwiseFn>();
+      }
+      if (auto h = d.findSchema({"mkldnn::_convolution_transpose_pointwise", ""})) {
+        o.conv_transpose = h->typed<ConvTransposePointwiseFn>();
+      }
+    } catch (const c10::Error&) {
+      o.conv.reset();
+      o.conv_transpose.reset();
+    }
+    o.reorder_conv = d.findSchema({"mkldnn::_reorder_convolution_weight", ""});
+    o.reorder_conv_transpose = d.findSchema({"mkldnn::_reorder_convolution_transpose_weight", ""});
+    return o;
+  }();
+  return ops;
+}
+
+at::Tensor call_boxed(const c10::OperatorHandle& op, std::vector<c10::IValue> args) {
+  torch::jit::Stack stack(std::move(args));
+  op.callBoxed(&stack);
+  return stack.back().toTensor();
+}
+
+c10::List<std::optional<c10::Scalar>> scalar_list(const std::vector<double>& values) {
+  c10::List<std::optional<c10::Scalar>> list;
+  list.reserve(values.size());
+  for (double v : values) {
+    list.push_back(c10::Scalar(v));
+  }
+  return list;
+}
+
+} // namespace
+
+bool OneDnnConv::available(bool transposed) {
+  const auto& ops = onednn_ops();
+  return transposed ? (ops.conv_transpose && ops.reorder_conv_transpose)
+                    : (ops.conv && ops.reorder_conv);
+}
+
+OneDnnConv::OneDnnConv(
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    const ConvGeometry& geometry,
+    const ClampBounds& clamp)
+    : weight_(weight), bias_(bias), geo_(geometry), clamp_(clamp) {
+  if (!clamp_.ordered() || !clamp_.any()) {
+    attr_ = "none"; // an unordered clamp is applied afterwards, with torch.clamp semantics
+  } else if (clamp_.min && *clamp_.min == 0.0 && !clamp_.max) {
+    attr_ = "relu";
+  } else {
+    attr_ = "hardtanh";
+    attr_list_ = scalar_list({clamp_.lo(), clamp_.hi()});
+  }
+  // The input-independent reorder, done now; a run on a new input size may refine it.
+  packed_.emplace_back(std::vector<int64_t>{}, pack_weight(std::nullopt));
+}
+
+at::Tensor OneDnnConv::pack_weight(std::optional<c10::IntArrayRef> input_sizes) const {
+  const auto& ops = onednn_ops();
+  const c10::IValue size_arg = input_sizes ? c10::IValue(input_sizes->vec()) : c10::IValue();
+  if (geo_.transposed) {
+    return call_boxed(
+        *ops.reorder_conv_transpose,
+        {weight_,
+         geo_.padding,
+         geo_.output_padding,
+         geo_.stride,
+         geo_.dilation,
+         geo_.groups,
+         size_arg});
+  }
+  return call_boxed(
+      *ops.reorder_conv,
+      {weight_, geo_.padding, geo_.stride, geo_.dilation, geo_.groups, size_arg});
+}
+
+at::Tensor OneDnnConv::packed_weight_for(c10::IntArrayRef input_sizes) const {
+  constexpr size_t kMaxCachedSizes = 8;
+  std::lock_guard<std::mutex> guard(mutex_);
+  for (const auto& entry : packed_) {
+    if (c10::IntArrayRef(entry.first) == input_sizes) {
+      return entry.second;
+    }
+  }
+  at::Tensor packed = pack_weight(input_sizes);
+  if (packed_.size() >= kMaxCachedSizes) {
+    packed_.erase(packed_.begin() + 1); // keep the input-independent entry
+  }
+  packed_.emplace_back(input_sizes.vec(), packed);
+  return packed;
+}
+
+at::Tensor OneDnnConv::run(const at::Tensor& input) const {
+  at::Tensor x = input;
+  if (!x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+    x = x.is_contiguous() ? to_channels_last(x) : x.contiguous(at::MemoryFormat::ChannelsLast);
+  }
+  const at::Tensor w = packed_weight_for(x.sizes());
+  const auto& ops = onednn_ops();
+  at::Tensor y;
+  if (geo_.transposed) {
+    y = ops.conv_transpose->call(
+        x,
+        w,
+        bias_,
+        geo_.padding,
+        geo_.output_padding,
+        geo_.stride,
+        geo_.dilation,
+        geo_.groups,
+        attr_,
+        attr_list_,
+        std::nullopt);
+  } else {
+    y = ops.conv->call(
+        x,
+        w,
+        bias_,
+        geo_.padding,
+        geo_.stride,
+        geo_.dilation,
+        geo_.groups,
+        attr_,
+        attr_list_,
+        std::nullopt);
+  }
+  if (!clamp_.ordered()) {
+    clamp_.apply_(y);
+  }
+  return y;
+}
+
+at::Tensor OneDnnConv::run_nchw(const at::Tensor& input) const {
+  at::Tensor x = input;
+  if (x.size(1) == 1 && x.is_contiguous()) {
+    // oneDNN's channels-last convolution miscomputes some single-channel inputs (seen with an
+    // output width of 1 and a horizontal stride > 1). With one channel, NCHW and channels-last
+    // are the same bytes: give oneDNN NCHW strides.
+    const int64_t h = x.size(2);
+    const int64_t w = x.size(3);
+    x = x.as_strided(x.sizes(), {h * w, h * w, w, 1});
+  }
+  at::Tensor y = onednn_ops().conv->call(
+      x,
+      weight_,
+      bias_,
+      geo_.padding,
+      geo_.stride,
+      geo_.dilation,
+      geo_.groups,
+      attr_,
+      attr_list_,
+      std::nullopt);
+  if (!clamp_.ordered()) {
+    clamp_.apply_(y);
+  }
+  return y;
+}
+
+} // namespace fxmobile
