@@ -52,15 +52,38 @@ CONV_KINDS = frozenset(
 )
 BATCH_NORM = "aten::batch_norm"
 
-# (pattern on "ExceptionType: message" or on the failed check, root cause). First match wins.
+# (pattern, root cause), first match wins. The pattern is searched in "error || the exceptions
+# it was raised from || where: the model's line that failed" (see ``_cause_text``).
 CAUSES: tuple[tuple[str, str], ...] = (
-    (r"TimeoutError|timeout", "timeout"),
-    (r"resident \(guard", "memory guard"),
-    (r"Proxy object cannot be iterated|Proxy\) cannot be iterated", "Proxy cannot be iterated"),
-    (r"symbolically traced variables cannot be used as inputs to control flow", "shape check"),
+    (r"GuardError.*timeout", "timeout"),
+    (r"GuardError.*resident", "memory guard"),
+    (r"GuardError", "child process died"),
+    (
+        r"cache.*changes the module's state|changes the module's state.*cache",
+        "cache dict filled in forward",
+    ),
     (r"changes the module's state", "state written in forward"),
     (r"writes to its input", "input written in forward"),
-    (r"training mode", "training flag"),
+    (r"TrainingModeError|training mode", "training flag"),
+    (r"Tracer cannot infer type", "jit.trace cannot type the output (a dict holding a list)"),
+    (
+        r"where: transformers/utils/generic\.py.*func\(self, \*args, \*\*kwargs\)",
+        "*args/**kwargs forward: transformers' output decorator (Proxy cannot be iterated)",
+    ),
+    (r"cannot be iterated.*where: .*\*args", "*args/**kwargs forward (Proxy cannot be iterated)"),
+    (r"cannot be iterated", "Proxy cannot be iterated"),
+    (
+        r"where: timm/layers/padding\.py",
+        "shape arithmetic: Conv2dSame pads from the input's shape (math.ceil, max)",
+    ),
+    (r"int\(\) argument must be.*Proxy", "shape arithmetic: int() of a traced shape"),
+    (
+        r"where: .*\b(return_dict|output_hidden_states|output_attentions)\b",
+        "optional argument defaulting to None tested in control flow",
+    ),
+    (r"where: .*\.device\.type", "device check in control flow (v.device.type)"),
+    (r"control flow.*where: .*\bif\b", "shape check in control flow"),
+    (r"control flow", "control flow on a traced value"),
 )
 
 
@@ -84,7 +107,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         for i, entry in enumerate(todo, 1):
             start = time.monotonic()
-            records[entry.key] = probe_guarded(entry, args.memory_limit, args.timeout)
+            record = probe_guarded(entry, args.memory_limit, args.timeout, args.routes)
+            if set(args.routes) != set(ROUTES) and "routes" in records.get(entry.key, {}):
+                # some routes run again: keep the others' results
+                record["routes"] = {**records[entry.key]["routes"], **record.get("routes", {})}
+            records[entry.key] = record
             path.write_text(json.dumps(records, indent=1))
             print(
                 f"[{i}/{len(todo)}] {entry.key:<45} {_summary(records[entry.key])} "
@@ -110,7 +137,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=1200.0, metavar="SECONDS")
     p.add_argument("--memory-limit", type=float, default=12.0, metavar="GIB")
     p.add_argument("--child", metavar="KEY", help=argparse.SUPPRESS)
-    p.add_argument("--routes", nargs="+", default=list(ROUTES), help=argparse.SUPPRESS)
+    p.add_argument(
+        "--routes", nargs="+", choices=ROUTES, default=list(ROUTES), help="with --redo: only these"
+    )
     return p
 
 
@@ -172,7 +201,7 @@ def probe(entry: ZooModel, routes: Sequence[str] = ROUTES) -> dict[str, Any]:
 
     def run(route: str, call: Callable[[], tuple[nn.Module, Any]]) -> None:
         t0 = time.perf_counter()
-        results[route] = _run_route(call, expected, inputs)
+        results[route] = _run_route(call, model, expected, inputs)
         results[route]["untouched"] = _same_state(before, _state(model))
         results[route]["seconds"] = round(time.perf_counter() - t0, 1)
 
@@ -203,11 +232,31 @@ def _traced(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[nn.Module, Any]:
 
     with torch.no_grad():
         traced = torch.jit.trace(model, inputs, strict=False, check_trace=False)
+    _BN_SOURCES.clear()
+    _BN_SOURCES.update(_bn_sources(traced))
     return _optimized(fxmobile.optimize(traced))
 
 
+# The traced route's batch_norm scope -> its input's scope, read before optimizing: the
+# prepacked convs a pass creates have no scope of their own.
+_BN_SOURCES: dict[str, str] = {}
+
+
+def _bn_sources(traced: torch.jit.ScriptModule) -> dict[str, str]:
+    from fxmobile.script.graph_utils import iter_nodes
+
+    sources = {}
+    for node in iter_nodes(traced.inlined_graph):
+        if node.kind() == BATCH_NORM:
+            sources[node.scopeName()] = node.inputsAt(0).node().scopeName()
+    return sources
+
+
 def _run_route(
-    call: Callable[[], tuple[nn.Module, Any]], expected: Any, inputs: tuple[Any, ...]
+    call: Callable[[], tuple[nn.Module, Any]],
+    model: nn.Module,
+    expected: Any,
+    inputs: tuple[Any, ...],
 ) -> dict[str, Any]:
     from fxmobile import FxMobileError
 
@@ -221,6 +270,8 @@ def _run_route(
             "chain": [_first_line(e) for e in _chain(exc)[1:]],
         }
     out: dict[str, Any] = {"ops_left": graph_ops_left(module)}
+    out["batch_norm_sites"] = batch_norm_sites(module, model)
+    out["skips"] = {f"{r.stage.value}.{r.name}": r.skips for r in report.passes if r.skips}
     out["leaves"] = [n for n in report.notes if "opaque leaves" in n]
     out["notes"] = [n for n in report.notes if "opaque leaves" not in n]
     try:
@@ -270,6 +321,40 @@ def graph_ops_left(module: nn.Module) -> dict[str, int]:
             string_padding = len(inputs) > 4 and isinstance(inputs[4].type(), torch._C.StringType)
             counts[kind + (".padding" if string_padding else "")] += 1
     return dict(sorted(counts.items()))
+
+
+def batch_norm_sites(module: nn.Module, model: nn.Module) -> dict[str, int]:
+    """Each ``aten::batch_norm`` left, as "<its module's class> after <its input's op>", and for
+    an input from a module, " (<that module's class>, same parent|other parent)": modules from
+    the nodes' scopes (traced graphs keep them; "?" where the graph has none). So a BN a pass
+    should fold (after a conv) is told from one it must decompose (after an add), and a BN whose
+    conv sits in another submodule from one whose conv is a subclass with its own forward."""
+    from fxmobile.script.graph_utils import iter_nodes
+
+    counts: Counter[str] = Counter()
+    graph = module._c._get_method("forward").inlined_graph  # type: ignore[union-attr,operator]
+    for node in iter_nodes(graph):
+        if node.kind() != BATCH_NORM:
+            continue
+        producer = node.inputsAt(0).node()
+        bn_path, bn_owner = _scope_owner(node, model)
+        site = f"{bn_owner} after {producer.kind()}"
+        src_path, src_owner = _scope_owner(producer, model, _BN_SOURCES.get(node.scopeName()))
+        if src_path and bn_path and src_path != bn_path:
+            same = src_path.rpartition(".")[0] == bn_path.rpartition(".")[0]
+            site += f" ({src_owner}, {'same' if same else 'other'} parent)"
+        counts[site] += 1
+    return dict(sorted(counts.items()))
+
+
+def _scope_owner(
+    node: torch._C.Node, model: nn.Module, scope: str | None = None
+) -> tuple[str, str]:
+    path = (scope or node.scopeName()).split("/")[-1].removeprefix("__module.")
+    try:
+        return path, type(model.get_submodule(path)).__name__ if path else "?"
+    except AttributeError:
+        return path, "?"
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -333,7 +418,7 @@ def cause_of(route: dict[str, Any]) -> str | None:
     if "same_as" in route:
         return None
     if "error" in route:
-        text = route["error"]
+        text = _cause_text(route)
         for pattern, cause in CAUSES:
             if re.search(pattern, text):
                 return cause
@@ -341,12 +426,42 @@ def cause_of(route: dict[str, Any]) -> str | None:
     if route.get("outcome") in ("nan", "wrong"):
         return "NaN output" if route["outcome"] == "nan" else "numerics beyond tolerance"
     left = route.get("ops_left", {})
-    parts = []
-    if left.get(BATCH_NORM):
-        parts.append("batch_norm left")
-    if any(k != BATCH_NORM for k in left):
-        parts.append("unprepacked conv left")
-    return ", ".join(parts) or None
+    parts = sorted({_bn_cause(site, route) for site in route.get("batch_norm_sites", {})})
+    if left.get(BATCH_NORM) and not parts:
+        parts.append("batch_norm left (sites not recorded)")
+    for conv in sorted(k for k in left if k != BATCH_NORM):
+        why = [
+            f"{name.split('.')[-1]}: {', '.join(skips)}"
+            for name, skips in route.get("skips", {}).items()
+            if "conv" in name and "1d" in name and conv.endswith("conv1d")
+        ]
+        parts.append(
+            f"{conv.removeprefix('aten::')} not prepacked" + (f" ({'; '.join(why)})" if why else "")
+        )
+    return "; ".join(parts) or None
+
+
+def _bn_cause(site: str, route: dict[str, Any]) -> str:
+    """The root cause of one batch_norm left, from its site (see ``batch_norm_sites``)."""
+    owner, _, rest = site.partition(" after ")
+    producer, _, source = rest.partition(" (")
+    if not ("conv" in producer or producer == "aten::_convolution"):
+        return f"BN after a non-conv op not decomposed ({producer.removeprefix('aten::')})"
+    if owner == "?":
+        inside = "inside an auto leaf" if route.get("leaves") else "module unknown"
+        return f"BN after a conv not folded ({inside})"
+    if owner != "BatchNorm2d":
+        return f"{owner} (BN subclass with its own forward) after a conv not folded"
+    conv = source.split(",")[0]
+    if "other parent" in source:
+        return f"BatchNorm2d after a {conv} in another submodule not folded"
+    return f"BatchNorm2d after a {conv or 'conv'} not folded"
+
+
+def _cause_text(route: dict[str, Any]) -> str:
+    return " || ".join(
+        [route["error"], *route.get("chain", []), f"where: {route.get('where', '')}"]
+    )
 
 
 def _cell(route: dict[str, Any] | None) -> str:
