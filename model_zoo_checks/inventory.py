@@ -47,8 +47,16 @@ from model_zoo_checks.zoo import Kind, ZooModel, all_models
 
 TOLERANCE = 1e-4  # max abs error relative to max |eager output|
 ROUTES = ("defaults", "auto_leaf", "traced")
+# aten::_convolution_mode is what torch.jit.trace records for a string padding ('same').
 CONV_KINDS = frozenset(
-    {"aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::_convolution", "aten::convolution"}
+    {
+        "aten::conv1d",
+        "aten::conv2d",
+        "aten::conv3d",
+        "aten::_convolution",
+        "aten::_convolution_mode",
+        "aten::convolution",
+    }
 )
 BATCH_NORM = "aten::batch_norm"
 
@@ -77,6 +85,11 @@ CAUSES: tuple[tuple[str, str], ...] = (
         "shape arithmetic: Conv2dSame pads from the input's shape (math.ceil, max)",
     ),
     (r"int\(\) argument must be.*Proxy", "shape arithmetic: int() of a traced shape"),
+    (r"'len' is not supported in symbolic tracing", "shape arithmetic: len() of a traced shape"),
+    (
+        r"ShapeProp error.*NoneType",
+        "fxmobile's shape propagation: an optional input left None reaches an auto leaf",
+    ),
     (
         r"where: .*\b(return_dict|output_hidden_states|output_attentions)\b",
         "optional argument defaulting to None tested in control flow",
