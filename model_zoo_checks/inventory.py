@@ -144,7 +144,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m model_zoo_checks.inventory", description=__doc__)
     p.add_argument("--kind", nargs="+", type=Kind, default=[Kind.TIMM, Kind.ECOSYSTEM])
     p.add_argument("--models", nargs="+", metavar="KEY")
-    p.add_argument("--out", type=Path, default=Path("inventory"), metavar="DIR")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="results (not the repo)")
     p.add_argument("--redo", action="store_true", help="run models already recorded again")
     p.add_argument("--render", action="store_true", help="only rewrite the Markdown")
     p.add_argument("--timeout", type=float, default=1200.0, metavar="SECONDS")
