@@ -62,6 +62,14 @@ def build(entry: ZooModel) -> nn.Module:
 
     from model_zoo_checks.zoo import Kind
 
+    if entry.kind is Kind.TIMM:
+        from model_zoo_checks import timm_models
+
+        return timm_models.build(entry)
+    if entry.kind is Kind.ECOSYSTEM:
+        from model_zoo_checks import ecosystem
+
+        return ecosystem.build(entry)
     name = entry.name
     kwargs: dict[str, Any] = {"weights": None}
     if entry.kind is Kind.CLASSIFICATION and name in ("googlenet", "inception_v3"):

@@ -25,7 +25,7 @@ from fxmobile.cli.common import blocklist_member
 from model_zoo_checks import baseline as baseline_io
 from model_zoo_checks.output import plot_speedups, render_problems, render_table, write_outputs
 from model_zoo_checks.runner import RunOptions, quiet_warnings, run_zoo
-from model_zoo_checks.zoo import Kind, ZooModel, all_models, quick_models
+from model_zoo_checks.zoo import OPT_IN_KINDS, Kind, ZooModel, all_models, quick_models
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,7 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     sel = p.add_argument_group("selection (filters combine: a model must match each given)")
     sel.add_argument("--models", nargs="+", metavar="NAME", help="names or keys (name@HxW)")
     sel.add_argument("--family", nargs="+", metavar="NAME", help="e.g. resnet mobilenet vit")
-    sel.add_argument("--kind", nargs="+", choices=[k.value for k in Kind])
+    sel.add_argument(
+        "--kind",
+        nargs="+",
+        choices=[k.value for k in Kind],
+        help="timm and ecosystem run only when named here (or by model name)",
+    )
     sel.add_argument(
         "--quick", action="store_true", help="the small fixed subset at small inputs (~1 min)"
     )
@@ -133,7 +138,8 @@ def select(
     families: Sequence[str] | None = None,
     kinds: Sequence[str] | None = None,
 ) -> list[ZooModel]:
-    """The entries matching every given filter; unknown model names raise ``KeyError``."""
+    """The entries matching every given filter; unknown model names raise ``KeyError``. The
+    opt-in kinds (``OPT_IN_KINDS``) only when ``kinds`` or ``models`` selects them."""
     if models:
         known = {e.key for e in entries} | {e.name for e in entries}
         unknown = [m for m in models if m not in known]
@@ -150,7 +156,7 @@ def select(
         for e in entries
         if (not models or e.key in models or e.name in models)
         and (not families or e.family in families)
-        and (not kinds or e.kind in kinds)
+        and (e.kind in kinds if kinds else bool(models) or e.kind not in OPT_IN_KINDS)
     ]
 
 
