@@ -149,16 +149,23 @@ def test_clamp_fuses_into_linear_and_conv2d(name: str) -> None:
 
 
 class SamePadding(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, kernel: int) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3, padding="same")
+        self.conv = nn.Conv2d(3, 4, kernel, padding="same")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.conv(x)
 
 
-def test_string_padding_conv_stays_aten_with_a_reason() -> None:
-    model = SamePadding().eval()
+def test_symmetric_same_padding_conv_is_prepacked() -> None:
+    model = SamePadding(3).eval()
+    result = metal(quietly_script(model))
+    assert ops(result.module) == Counter({"metal_prepack::conv2d_run": 1})
+    assert_equivalent(model, result.module, torch.randn(1, 3, 7, 7))
+
+
+def test_asymmetric_same_padding_conv_stays_aten_with_a_reason() -> None:
+    model = SamePadding(2).eval()
     result = metal(quietly_script(model))
     assert ops(result.module)["aten::conv2d"] == 1
     assert result.report.record("insert_prepacked_ops").skips == {

@@ -188,19 +188,35 @@ def test_weight_computed_from_the_input_keeps_its_prepack_and_says_so() -> None:
     assert_equivalent(model, result.module, x)
 
 
-class SamePadding(nn.Module):
-    def __init__(self) -> None:
+class StringPadding(nn.Module):
+    def __init__(self, padding: str, kernel: int, dilation: int = 1) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3, padding="same")
+        self.conv = nn.Conv2d(3, 4, kernel, padding=padding, dilation=dilation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.conv(x)
 
 
-def test_string_padding_conv_stays_aten_with_a_reason() -> None:
-    model = SamePadding().eval()
+@pytest.mark.parametrize(
+    "padding,kernel,dilation", [("same", 3, 1), ("same", 3, 2), ("valid", 2, 1), ("same", 5, 1)]
+)
+def test_string_padding_conv_is_prepacked(padding: str, kernel: int, dilation: int) -> None:
+    model = StringPadding(padding, kernel, dilation).eval()
+    x = torch.randn(1, 3, 9, 9)
+    result = cpu(model, x)
+    assert result.report.record("canonicalize_convolutions").rewrites == 1
+    assert ops(result.module).get("prepacked::conv2d_clamp_run") == 1
+    assert "aten::conv2d" not in ops(result.module)
+    assert_equivalent(model, result.module, x)
+
+
+def test_asymmetric_same_padding_stays_aten_with_a_reason() -> None:
+    model = StringPadding("same", 2).eval()  # 1 in total: torch pads it at the end
     x = torch.randn(1, 3, 7, 7)
     result = cpu(model, x)
+    assert result.report.record("canonicalize_convolutions").skips == {
+        "'same' padding of kernel [2, 2] is asymmetric (no integer padding says it)": 1
+    }
     assert result.report.record("insert_prepacked_ops").skips == {
         "aten::conv2d with string padding": 1
     }

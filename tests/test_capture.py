@@ -105,6 +105,7 @@ def test_training_model_is_refused_listing_what_depends_on_it() -> None:
     listed = str(info.value).split("depends on it: ")[1].split(")")[0]
     assert listed == "1, 2.0"
 
+
 def test_eval_copy_optimizes_an_eval_copy_and_leaves_model_training() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5))
     assert model.training

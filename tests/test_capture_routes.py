@@ -254,9 +254,11 @@ def test_quantized_model_left_in_training_mode_by_convert_goes_through() -> None
     model.qconfig = torch.ao.quantization.get_default_qconfig("qnnpack")
     prepared = torch.ao.quantization.prepare(model)
     prepared(X)
-    with torch.backends.quantized.engine_context("qnnpack") if hasattr(
-        torch.backends.quantized, "engine_context"
-    ) else _engine("qnnpack"):
+    with (
+        torch.backends.quantized.engine_context("qnnpack")
+        if hasattr(torch.backends.quantized, "engine_context")
+        else _engine("qnnpack")
+    ):
         converted = torch.ao.quantization.convert(prepared).train()  # the recipe's state
         assert all(m.training for m in converted.modules())
         result = fxmobile.optimize(converted, example_inputs=X)

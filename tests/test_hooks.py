@@ -59,9 +59,7 @@ HOOKS: dict[str, Callable[[nn.Sequential], object]] = {
     "kwargs_forward_hook_on_conv": lambda m: m[0].register_forward_hook(
         _minus_kw, with_kwargs=True
     ),
-    "kwargs_pre_hook_on_conv": lambda m: m[0].register_forward_pre_hook(
-        _pre_kw, with_kwargs=True
-    ),
+    "kwargs_pre_hook_on_conv": lambda m: m[0].register_forward_pre_hook(_pre_kw, with_kwargs=True),
     "in_place_forward_hook_on_conv": lambda m: m[0].register_forward_hook(_in_place),
     "lambda_forward_hook_on_conv": lambda m: m[0].register_forward_hook(lambda m, a, o: o * 2),
     "forward_hook_on_the_model": lambda m: m.register_forward_hook(_plus_one),

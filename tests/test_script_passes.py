@@ -19,7 +19,7 @@ from fxmobile.backends.xnnpack.hoist_conv_packed_params import (
     hoist_packed_params,
 )
 from fxmobile.script.canonicalize import Canonicalize
-from fxmobile.script.fold_conv_batchnorm import FoldConvBatchNorm
+from fxmobile.script.fold_batchnorm import FoldBatchNorm
 from fxmobile.script.freeze import Freeze, bundled_inputs_attributes, freeze
 from fxmobile.script.fuse_linear import FuseLinear
 from fxmobile.script.graph_utils import count_kinds, iter_nodes, op_histogram
@@ -50,10 +50,11 @@ def test_conv1d_becomes_conv2d() -> None:
     assert_equivalent(model, result.unit, torch.randn(2, 3, 17))
 
 
-def test_scripted_conv_bn_is_folded_before_freezing() -> None:
+def test_scripted_conv_bn_is_folded_in_the_frozen_graph() -> None:
     model = randomize_batchnorm(nn.Sequential(nn.Conv2d(3, 4, 3, bias=False), nn.BatchNorm2d(4)))
     model.eval()
-    result = FoldConvBatchNorm().call(scripted(model), CTX)
+    ctx = ScriptContext(("forward",), (), (torch.randn(1, 3, 8, 8),))
+    result = FoldBatchNorm().call(frozen(model), ctx)
     assert result.rewrites == 1
     assert count_kinds(result.unit, ["forward"], {"aten::batch_norm"}) == 0
     assert_equivalent(model, result.unit, torch.randn(1, 3, 8, 8))

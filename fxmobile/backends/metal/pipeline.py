@@ -1,10 +1,10 @@
 """The Metal pipeline, in upstream's order (``metal_rewrite.cpp``, ``metalOptimizeForMobile``),
 except that the prepacked ops go in after freezing (see ``insert_prepacked_ops``).
 
-conv+BN folding, freeze, dropout removal, linear recovery, Metal prepack/run pairs,
-relu/hardtanh (and relu6, clamp) fusion into linear and conv2d, prepack folding, mutation
-removal, canonical optimizations. The module is marked ``optimized_for_metal = True``. Metal
-takes no blocklist: every step always runs.
+Freeze, dropout removal, canonical convolutions, linear recovery, BatchNorm folded and the rest
+decomposed, Metal prepack/run pairs, relu/hardtanh (and relu6, clamp) fusion into linear and conv2d,
+prepack folding, mutation removal, canonical optimizations. The module is marked
+``optimized_for_metal = True``. Metal takes no blocklist: every step always runs.
 
 Differences from upstream, each on purpose: the prepacked ops go in after freezing; clamp
 fusion, mutation removal and canonical optimizations run on every rewritten method (upstream:
@@ -17,7 +17,9 @@ from __future__ import annotations
 from fxmobile.backends.library import OpFamily
 from fxmobile.backends.spec import BackendSpec
 from fxmobile.script.canonicalize import Canonicalize
-from fxmobile.script.fold_conv_batchnorm import FoldConvBatchNorm
+from fxmobile.script.canonicalize_convolutions import CanonicalizeConvolutions
+from fxmobile.script.decompose_batchnorm import DecomposeBatchNorm
+from fxmobile.script.fold_batchnorm import FoldBatchNorm
 from fxmobile.script.fold_prepacking import FoldPrepacking
 from fxmobile.script.freeze import Freeze
 from fxmobile.script.fuse_clamp import FuseClamp, clamp_slots
@@ -41,10 +43,12 @@ def passes() -> tuple[ScriptPass, ...]:
     """Fresh instances of the Metal pipeline's passes, in order (none can be blocklisted)."""
     insert = InsertPrepackedOps(PREPACK, None)
     return (
-        FoldConvBatchNorm(),
         Freeze(),
         RemoveDropout(),
+        CanonicalizeConvolutions(),
         FuseLinear(),  # upstream runs it inside its linear insertion
+        FoldBatchNorm(),
+        DecomposeBatchNorm(),
         insert,
         FuseClamp(clamp_slots(PREPACK), None),
         FoldPrepacking(insert.prepack_kinds, None),

@@ -1,9 +1,10 @@
 """The Vulkan pipeline, in upstream's order (``vulkan_rewrite.cpp``, ``vulkanOptimizeForMobile``).
 
-conv+BN folding (always), freeze, dropout removal, linear recovery, Vulkan create/run pairs,
-clamp fusion into conv2d, folding of the create calls, mutation removal, the automatic GPU
-transfer (unless blocklisted), canonical optimizations. The module is marked
-``optimized_for_vulkan = True`` (and ``requires_backend_transfers = False`` by the transfer).
+Freeze, dropout removal, canonical convolutions, linear recovery, BatchNorm folded into its conv or
+linear (always), Vulkan create/run pairs, clamp fusion into conv2d, folding of the create calls,
+mutation removal, the automatic GPU transfer (unless blocklisted), canonical optimizations. The
+module is marked ``optimized_for_vulkan = True`` (and ``requires_backend_transfers = False`` by the
+transfer).
 
 Upstream reads one blocklist member, ``VULKAN_AUTOMATIC_GPU_TRANSFER``; every other step here runs
 whatever the blocklist says. Differences from upstream, each on purpose:
@@ -27,7 +28,8 @@ from fxmobile.backends.vulkan.insert_gpu_transfers import InsertGpuTransfers
 from fxmobile.backends.vulkan.insert_prepacked_ops import CREATE_KINDS, InsertVulkanOps
 from fxmobile.options import MobileOptimizerType
 from fxmobile.script.canonicalize import Canonicalize
-from fxmobile.script.fold_conv_batchnorm import FoldConvBatchNorm
+from fxmobile.script.canonicalize_convolutions import CanonicalizeConvolutions
+from fxmobile.script.fold_batchnorm import FoldBatchNorm
 from fxmobile.script.fold_prepacking import FoldPrepacking
 from fxmobile.script.freeze import Freeze
 from fxmobile.script.fuse_clamp import ClampSlots, FuseClamp
@@ -45,10 +47,11 @@ CLAMP_SLOTS = {
 def passes() -> tuple[ScriptPass, ...]:
     """Fresh instances of the Vulkan pipeline's passes, in order."""
     return (
-        FoldConvBatchNorm(),
         Freeze(),
         RemoveDropout(),
+        CanonicalizeConvolutions(),
         FuseLinear(),  # upstream runs it inside its linear insertion
+        FoldBatchNorm(),  # the rest runs as Vulkan's own batch_norm context
         InsertVulkanOps(),
         FuseClamp(CLAMP_SLOTS, None),  # upstream's Vulkan pipeline cannot switch it off
         FoldPrepacking(CREATE_KINDS, None),

@@ -1,10 +1,12 @@
 """The CPU (XNNPACK) pipeline, in upstream's order (``xnnpack_rewrite.cpp``), plus fixes.
 
-conv+BN folding, freeze, conv1d -> conv2d (after freezing: scripted modules share compiled types
-until freezing gives them their own), then, under ``INSERT_FOLD_PREPACK_OPS``, linear recovery,
-prepacked ops, clamp fusion and prepack folding; quantized conv packed params hoisted;
-canonical optimizations; dropout removal; add+relu fusion. The module is marked
-``mobile_optimized = True``.
+Freeze; convolutions in canonical form; linear recovery; BatchNorm folded into its conv or
+linear and the rest decomposed (upstream folds conv+BN on the module before freezing: fxmobile
+folds on the frozen graph, which also sees traced graphs, transposed convs, linears and
+BatchNorms in other modules); conv1d -> conv2d (after freezing: scripted modules share compiled
+types until freezing gives them their own); then, under ``INSERT_FOLD_PREPACK_OPS``, prepacked
+ops, clamp fusion and prepack folding; quantized conv packed params hoisted; canonical
+optimizations; dropout removal; add+relu fusion. The module is marked ``mobile_optimized = True``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from fxmobile.backends.xnnpack.fuse_add_relu import FuseAddRelu
 from fxmobile.backends.xnnpack.hoist_conv_packed_params import HoistConvPackedParams
 from fxmobile.options import MobileOptimizerType
 from fxmobile.script.canonicalize import Canonicalize
-from fxmobile.script.fold_conv_batchnorm import FoldConvBatchNorm
+from fxmobile.script.canonicalize_convolutions import CanonicalizeConvolutions
+from fxmobile.script.decompose_batchnorm import DecomposeBatchNorm
+from fxmobile.script.fold_batchnorm import FoldBatchNorm
 from fxmobile.script.fold_prepacking import FoldPrepacking
 from fxmobile.script.freeze import Freeze
 from fxmobile.script.fuse_clamp import FuseClamp, clamp_slots
@@ -41,10 +45,12 @@ def passes() -> tuple[ScriptPass, ...]:
     prepack = MobileOptimizerType.INSERT_FOLD_PREPACK_OPS
     insert = InsertPrepackedOps(PREPACK, prepack)
     return (
-        FoldConvBatchNorm(),
         Freeze(),
-        Conv1dToConv2d(),  # upstream runs it before freezing; after, it rewrites fresh types
+        CanonicalizeConvolutions(),  # traced graphs' _convolution, string padding
         FuseLinear(),
+        FoldBatchNorm(),  # every BatchNorm after a conv or linear, on every route
+        DecomposeBatchNorm(),  # and every other one: none reaches the mobile graph
+        Conv1dToConv2d(),  # upstream runs it before freezing; after, it rewrites fresh types
         insert,
         # upstream fuses into linear and conv2d; the transposed conv takes bounds just the same
         FuseClamp(clamp_slots(PREPACK), prepack),

@@ -1,0 +1,265 @@
+"""The TorchScript stage's BatchNorm and convolution passes: fold_batchnorm,
+decompose_batchnorm and canonicalize_convolutions, alone and end to end on scripted and traced
+models (the routes where the FX stage's own fold never ran)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fxmobile
+from fxmobile.script.canonicalize_convolutions import CanonicalizeConvolutions
+from fxmobile.script.decompose_batchnorm import DecomposeBatchNorm
+from fxmobile.script.fold_batchnorm import FoldBatchNorm
+from fxmobile.script.freeze import freeze
+from fxmobile.script.graph_utils import count_kinds, op_histogram
+from fxmobile.script.scripting import quietly_script
+from fxmobile.script.stage import ScriptContext
+from tests.helpers import assert_equivalent, randomize_batchnorm
+
+NO_INPUTS = ScriptContext(("forward",), ())
+
+
+def frozen(model: nn.Module) -> torch.jit.ScriptModule:
+    return freeze(quietly_script(model.eval()), [])
+
+
+def batchnorms(module: torch.jit.ScriptModule) -> int:
+    return count_kinds(module, ["forward"], {"aten::batch_norm"})
+
+
+def with_inputs(*inputs: torch.Tensor) -> ScriptContext:
+    return ScriptContext(("forward",), (), inputs)
+
+
+# --- fold_batchnorm -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "producer,bn,shape",
+    [
+        (nn.Conv1d(3, 4, 3), nn.BatchNorm1d(4), (2, 3, 9)),
+        (nn.Conv2d(3, 4, 3, bias=False), nn.BatchNorm2d(4), (2, 3, 9, 9)),
+        (nn.Conv3d(3, 4, 3), nn.BatchNorm3d(4), (1, 3, 5, 5, 5)),
+        (nn.ConvTranspose2d(4, 6, 3, stride=2, groups=2), nn.BatchNorm2d(6), (1, 4, 5, 5)),
+    ],
+    ids=["conv1d", "conv2d", "conv3d", "conv_transpose2d-groups"],
+)
+def test_a_batchnorm_after_a_convolution_folds_without_example_inputs(
+    producer: nn.Module, bn: nn.Module, shape: tuple[int, ...]
+) -> None:
+    # a convolution's output rank is the one TorchScript's peephole optimizer already assumes;
+    # a transposed one's comes from the rank check BatchNorm2d's forward leaves in the graph
+    model = randomize_batchnorm(nn.Sequential(producer, bn)).eval()
+    x = torch.randn(shape)
+    result = FoldBatchNorm().call(frozen(model), NO_INPUTS)
+    assert (result.rewrites, batchnorms(result.unit)) == (1, 0)
+    assert_equivalent(model, result.unit, x)
+
+
+class FunctionalBatchNorm(nn.Module):
+    """A BatchNorm with no rank check, after a transposed conv (whose rank nothing fixes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.ConvTranspose2d(4, 6, 3)
+        self.register_buffer("mean", torch.randn(6))
+        self.register_buffer("var", torch.rand(6) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.batch_norm(self.up(x), self.mean, self.var)
+
+
+def test_a_batchnorm_of_unknown_rank_folds_only_with_example_inputs() -> None:
+    model = FunctionalBatchNorm().eval()
+    x = torch.randn(1, 4, 5, 5)
+    unknown = FoldBatchNorm().call(frozen(model), NO_INPUTS)
+    assert unknown.rewrites == 0
+    assert unknown.skips == {"BN input rank unknown (pass example_inputs)": 1}
+    known = FoldBatchNorm().call(frozen(model), with_inputs(x))
+    assert (known.rewrites, batchnorms(known.unit)) == (1, 0)
+    assert_equivalent(model, known.unit, x)
+
+
+class SharedConv(nn.Module):
+    """One conv module feeding two BatchNorms: torch's module-level fold folds both into the
+    one conv (upstream's optimize_for_mobile returns wrong numbers for it). Freezing merges the
+    two calls into one conv read by both."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+        self.bn2 = nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.conv(x)) + self.bn2(self.conv(x))
+
+
+def test_a_conv_module_feeding_two_batchnorms_keeps_its_numerics() -> None:
+    model = randomize_batchnorm(SharedConv()).eval()
+    x = torch.randn(1, 3, 8, 8)
+    result = FoldBatchNorm().call(frozen(model), NO_INPUTS)
+    assert result.rewrites == 0
+    assert result.skips == {"aten::conv2d output has 2 users": 2}
+    assert_equivalent(model, result.unit, x)
+    optimized = fxmobile.optimize_for_mobile(quietly_script(model))
+    assert_equivalent(model, optimized, x)
+
+
+class ConvReadTwice(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return self.bn(y) + y
+
+
+def test_a_conv_whose_output_is_also_read_elsewhere_is_not_folded() -> None:
+    model = randomize_batchnorm(ConvReadTwice()).eval()
+    result = FoldBatchNorm().call(frozen(model), NO_INPUTS)
+    assert result.rewrites == 0
+    assert result.skips == {"aten::conv2d output has 2 users": 1}
+
+
+def test_a_linear_batchnorm_folds_only_when_the_example_shows_a_2d_output() -> None:
+    model = randomize_batchnorm(nn.Sequential(nn.Linear(5, 4), nn.BatchNorm1d(4))).eval()
+    x = torch.randn(3, 5)
+    unknown = FoldBatchNorm().call(frozen(model), NO_INPUTS)
+    assert unknown.skips == {"BN input rank unknown (pass example_inputs)": 1}
+    known = FoldBatchNorm().call(frozen(model), with_inputs(x))
+    assert (known.rewrites, batchnorms(known.unit)) == (1, 0)
+    assert_equivalent(model, known.unit, x)
+
+
+def test_a_linear_batchnorm_on_a_3d_output_is_not_folded() -> None:
+    # BatchNorm1d on [N, L, C]-shaped linear output normalizes dim 1 (L), not the features
+    model = randomize_batchnorm(nn.Sequential(nn.Linear(5, 4), nn.BatchNorm1d(4))).eval()
+    x = torch.randn(2, 4, 5)
+    result = FoldBatchNorm().call(frozen(model), with_inputs(x))
+    assert result.rewrites == 0
+    assert result.skips == {"aten::linear output is 3-D: BN normalizes dim 1, not its channels": 1}
+
+
+class FunctionalTrainingBatchNorm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.register_buffer("mean", torch.zeros(4))
+        self.register_buffer("var", torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.batch_norm(self.conv(x), self.mean, self.var, training=True)
+
+
+def test_a_batchnorm_in_training_mode_is_left_alone_by_both_passes() -> None:
+    model = FunctionalTrainingBatchNorm().eval()
+    module = frozen(model)
+    reason = {"BN in training mode, or its training flag is not a constant": 1}
+    assert FoldBatchNorm().call(module, NO_INPUTS).skips == reason
+    assert DecomposeBatchNorm().call(module, NO_INPUTS).skips == reason
+    assert batchnorms(module) == 1
+
+
+# --- decompose_batchnorm --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (2, 4, 7)], ids=["2d", "3d"])
+def test_a_batchnorm_of_unknown_rank_decomposes_into_a_form_right_for_every_rank(
+    shape: tuple[int, ...],
+) -> None:
+    model = randomize_batchnorm(nn.Sequential(nn.ReLU(), nn.BatchNorm1d(4))).eval()
+    result = DecomposeBatchNorm().call(frozen(model), NO_INPUTS)
+    assert (result.rewrites, batchnorms(result.unit)) == (1, 0)
+    hist = op_histogram(result.unit, ["forward"])
+    assert hist["aten::mul"] == hist["aten::add"] == hist["aten::view_as"] == 1
+    assert_equivalent(model, result.unit, torch.randn(shape))
+
+
+def test_a_batchnorm_of_known_rank_decomposes_into_one_multiply_add() -> None:
+    model = randomize_batchnorm(nn.Sequential(nn.ReLU(), nn.BatchNorm2d(4))).eval()
+    x = torch.randn(2, 4, 5, 5)
+    result = DecomposeBatchNorm().call(frozen(model), with_inputs(x))
+    hist = op_histogram(result.unit, ["forward"])
+    assert (hist["aten::mul"], hist["aten::add"], hist.get("aten::view_as", 0)) == (1, 1, 0)
+    assert_equivalent(model, result.unit, x)
+
+
+# --- canonicalize_convolutions --------------------------------------------------------------
+
+
+def test_a_traced_convolution_becomes_an_aten_conv() -> None:
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ConvTranspose2d(4, 2, 2, 2)).eval()
+    x = torch.randn(1, 3, 6, 6)
+    with torch.no_grad():
+        traced = torch.jit.freeze(torch.jit.trace(model, x), optimize_numerics=False)
+    assert count_kinds(traced, ["forward"], {"aten::_convolution"}) == 2
+    result = CanonicalizeConvolutions().call(traced, NO_INPUTS)
+    hist = op_histogram(result.unit, ["forward"])
+    assert result.rewrites == 2
+    assert (hist["aten::conv2d"], hist["aten::conv_transpose2d"]) == (1, 1)
+    assert "aten::_convolution" not in hist
+    assert_equivalent(model, result.unit, x)
+
+
+# --- end to end: the routes the FX stage's fold never sees ----------------------------------
+
+
+class StaticSamePaddingConv(nn.Conv2d):
+    """EfficientNet-PyTorch's pattern: a conv subclass with its own forward."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(F.pad(x, [1, 1, 1, 1]), self.weight, self.bias, self.stride)
+
+
+class BatchNormAct(nn.BatchNorm2d):
+    """timm's BatchNormAct2d pattern: a BatchNorm subclass that also activates."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.batch_norm(
+            x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps
+        )
+        return torch.relu(x)
+
+
+class Separable(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.depthwise = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.pointwise = nn.Conv2d(8, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pointwise(self.depthwise(x))
+
+
+class Idioms(nn.Module):
+    """The three idioms that kept BatchNorms in zoo models on the TorchScript route."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = StaticSamePaddingConv(3, 8, 3)
+        self.bn0 = nn.BatchNorm2d(8)
+        self.sep = Separable()
+        self.bn1 = nn.BatchNorm2d(8)  # a sibling of the module whose last call is the conv
+        self.conv = nn.Conv2d(8, 8, 1)
+        self.bn2 = BatchNormAct(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn2(self.conv(self.bn1(self.sep(self.bn0(self.stem(x))))))
+
+
+@pytest.mark.parametrize("route", ["scripted", "eager"])
+def test_no_batchnorm_reaches_the_mobile_graph_in_any_idiom(route: str) -> None:
+    model = randomize_batchnorm(Idioms()).eval()
+    x = torch.randn(1, 3, 10, 10)
+    given = quietly_script(model) if route == "scripted" else model
+    result = fxmobile.optimize(given, example_inputs=x)  # type: ignore[arg-type]
+    hist = op_histogram(result.module, ["forward"])
+    assert "aten::batch_norm" not in hist
+    assert hist["prepacked::conv2d_clamp_run"] == 4
+    assert_equivalent(model, result.module, x)
