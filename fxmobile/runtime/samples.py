@@ -1,10 +1,11 @@
 """A small fxmobile file to try runtimes with, and a file a runtime must refuse.
 
-``sample_file()`` optimizes a conv -> BN -> clamp -> depthwise conv -> mean -> linear network
-(random weights, random BatchNorm statistics) for the CPU: prepacked convs and a prepacked
-linear, bytecode 8. ``with_bytecode_number`` rewrites the version number at the head of a file's
-``bytecode.pkl`` and nothing else, so a runtime's refusal of an out-of-range number states the
-range it reads (the check runs before anything else is read).
+``sample_file()`` runs the CPU backend's TorchScript pipeline on a scripted conv -> BN -> clamp
+-> depthwise conv -> mean -> linear network (random weights, random BatchNorm statistics):
+prepacked convs and a prepacked linear, bytecode 8. ``with_bytecode_number`` rewrites the
+version number at the head of a file's ``bytecode.pkl`` and nothing else, so a runtime's refusal
+of an out-of-range number states the range it reads (the check runs before anything else is
+read).
 """
 
 from __future__ import annotations
@@ -15,7 +16,12 @@ import zipfile
 import torch
 from torch import nn
 
+from fxmobile.backends.library import ensure_registered
+from fxmobile.backends.registry import backend_spec
+from fxmobile.infra import PassManager
+from fxmobile.options import Backend
 from fxmobile.script.serialization import lite_interpreter_bytes
+from fxmobile.script.stage import ScriptContext, ScriptStage
 
 
 class SampleNet(nn.Module):
@@ -36,8 +42,6 @@ class SampleNet(nn.Module):
 
 def sample_file() -> tuple[bytes, tuple[torch.Tensor, ...]]:
     """A small fxmobile lite-interpreter file and an input for it."""
-    import fxmobile
-
     generator = torch.Generator().manual_seed(0)
     with torch.random.fork_rng():
         torch.manual_seed(0)
@@ -46,8 +50,12 @@ def sample_file() -> tuple[bytes, tuple[torch.Tensor, ...]]:
         model.bn.running_mean = torch.randn(8, generator=generator)
         model.bn.running_var = torch.rand(8, generator=generator) + 0.5
     x = torch.randn(1, 3, 16, 16, generator=generator)
-    result = fxmobile.optimize(model, example_inputs=x)
-    return lite_interpreter_bytes(result.module), (x,)
+    ctx = ScriptContext(("forward",), ())
+    spec = backend_spec(Backend.CPU)
+    ensure_registered(spec.op_family)
+    manager = PassManager(spec.passes(), ScriptStage(ctx), ctx, frozenset())
+    module, _ = manager.run(torch.jit.script(model))
+    return lite_interpreter_bytes(module), (x,)
 
 
 def with_bytecode_number(data: bytes, number: int) -> bytes:
