@@ -101,7 +101,10 @@ CAUSES: tuple[tuple[str, str], ...] = (
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.out is None and not args.child:
+        parser.error("--out DIR is required: where the results go (not the repo)")
     if args.child:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         torch.set_num_threads(1)
@@ -144,7 +147,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m model_zoo_checks.inventory", description=__doc__)
     p.add_argument("--kind", nargs="+", type=Kind, default=[Kind.TIMM, Kind.ECOSYSTEM])
     p.add_argument("--models", nargs="+", metavar="KEY")
-    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="results (not the repo)")
+    p.add_argument("--out", type=Path, metavar="DIR", help="results (not the repo); required")
     p.add_argument("--redo", action="store_true", help="run models already recorded again")
     p.add_argument("--render", action="store_true", help="only rewrite the Markdown")
     p.add_argument("--timeout", type=float, default=1200.0, metavar="SECONDS")
