@@ -1,4 +1,4 @@
-"""The ``fxmobile`` command line: ``optimize``, ``lint``, ``inspect`` and ``check``.
+"""The ``fxmobile`` command line: ``optimize``, ``lint``, ``inspect``, ``check`` and ``passes``.
 
 ``main`` returns the exit status and never raises ``SystemExit``: 0 on success, 1 when fxmobile
 refuses the input (the message, without a traceback, on stderr), when ``lint`` finds lints or
@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Protocol
 
-from fxmobile.cli import check_cmd, inspect_cmd, lint_cmd, optimize_cmd
+from fxmobile.cli import check_cmd, inspect_cmd, lint_cmd, optimize_cmd, passes_cmd
 from fxmobile.cli.common import quiet_deprecations
 from fxmobile.errors import FxMobileError
 
@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         "load and run a lite-interpreter file in the real mobile runtimes and compare outputs",
         check_cmd.EPILOG,
     )
+    _add(commands, "passes", passes_cmd, "list the passes optimize runs for a backend, in order")
     return parser
 
 
