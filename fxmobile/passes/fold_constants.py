@@ -20,7 +20,7 @@ What is never a constant, and why (each reported as a skip when all inputs were 
 
 - random ops: ``torch.rand*``, ``randperm``, ``bernoulli``, ``multinomial``, ``normal``,
   ``poisson``, dropout with ``training`` not constant False, modules in training mode. A
-  guard (a dispatch mode around each evaluation) also refuses any aten op tagged
+  guard (``constant_guard``: a dispatch mode around each evaluation) also refuses any aten op tagged
   ``nondeterministic_seeded`` *before* it runs, so the global RNG is never consumed;
 - ``torch.empty*`` / ``new_empty*``: uninitialized memory is not a value;
 - ``F.batch_norm`` / ``F.instance_norm`` that update running statistics (``training=True``);
@@ -35,7 +35,7 @@ What is never a constant, and why (each reported as a skip when all inputs were 
   sharing storage with it, and everything computed from those, stays in the graph: a buffer
   would carry the mutation into the next call. An opaque leaf's own parameters count as
   written too. Limitation: a mutation reached only through a non-constant view of a constant
-  (``torch.broadcast_tensors(x, w)[1].add_(1)``) is not seen.
+  (``torch.broadcasttensors(x, w)[1].add_(1)``) is not seen.
 
 What is constant but not folded (skip reasons):
 
@@ -51,17 +51,24 @@ A declined output leaves the graph and its constant inputs become outputs in tur
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import torch
 from torch import fx, nn
-from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxmobile import ops
 from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
+from fxmobile.passes.constant_guard import (
+    MUTATES,
+    RANDOM,
+    ConstantGuard,
+    NotConstant,
+    storage_key,
+    storages,
+    tensors,
+)
 from fxmobile.passes.graph_utils import (
     add_constant,
     attr_of,
@@ -75,62 +82,8 @@ from fxmobile.passes.stage import FxContext, FxPass
 GROWTH_FACTOR = 4
 GROWTH_MIN_BYTES = 1 << 20
 
-RANDOM = "random op is not a constant"
 UNINITIALIZED = "uninitialized tensor (torch.empty) is not a constant"
-MUTATES = "op would write to a parameter or constant"
 INPLACE = "in-place or side-effecting op is not folded"
-
-
-class _NotConstant(Exception):
-    """Raised by the guard, before the offending op runs."""
-
-
-class _ConstantGuard(TorchDispatchMode):
-    """Refuses random aten ops and writes to ``protected`` storages, before they run."""
-
-    def __init__(self, protected: set[int]) -> None:
-        super().__init__()
-        self.protected = protected
-
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        kwargs = kwargs or {}
-        if torch.Tag.nondeterministic_seeded in func.tags:
-            raise _NotConstant(RANDOM)
-        # native_batch_norm writes running_mean/var when training, but its schema hides it.
-        batch_norm = func is torch.ops.aten.native_batch_norm.default and len(args) > 5
-        if batch_norm and args[5] and _storages(args[3:5]) & self.protected:
-            raise _NotConstant(MUTATES)
-        schema = func._schema
-        if schema.is_mutable:
-            for i, arg in enumerate(schema.arguments):
-                value = args[i] if i < len(args) else kwargs.get(arg.name)
-                written = arg.alias_info is not None and arg.alias_info.is_write
-                if written and _storages(value) & self.protected:
-                    raise _NotConstant(MUTATES)
-        return func(*args, **kwargs)
-
-
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    for leaf in pytree.tree_leaves(value):
-        if isinstance(leaf, torch.Tensor):
-            yield leaf
-
-
-def _storage_key(t: torch.Tensor) -> int | None:
-    try:
-        return int(t.untyped_storage().data_ptr())
-    except (RuntimeError, NotImplementedError):  # sparse, nested: no plain storage
-        return None
-
-
-def _storages(value: Any) -> set[int]:
-    return {k for t in _tensors(value) if (k := _storage_key(t)) is not None}
 
 
 STATS = "updates running statistics (training=True)"
@@ -205,7 +158,7 @@ def why_not_foldable(node: fx.Node, value: Any, input_nbytes: int) -> str | None
     is_tuple = isinstance(value, tuple) and all(isinstance(v, torch.Tensor) for v in value)
     if not (is_tensor or (is_tuple and value)):
         return "folded result is not a tensor or a tuple of tensors"
-    nbytes = sum(t.numel() * t.element_size() for t in _tensors(value))
+    nbytes = sum(t.numel() * t.element_size() for t in tensors(value))
     if nbytes > GROWTH_FACTOR * input_nbytes and nbytes > GROWTH_MIN_BYTES:
         return "folded result would grow the model"
     return None
@@ -236,13 +189,13 @@ def _evaluate_constants(
     """The value of every constant node, in graph order, and the nodes the guard saw write."""
     values: dict[fx.Node, Any] = {}
     writers: set[fx.Node] = set()
-    protected = _storages([*gm.parameters(), *gm.buffers()])
+    protected = storages([*gm.parameters(), *gm.buffers()])
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
         if node.op == "get_attr":
             values[node] = attr_of(gm, node)
-            protected |= _storages(values[node])
+            protected |= storages(values[node])
             continue
         if any(n not in values for n in node.all_input_nodes):
             continue
@@ -250,7 +203,7 @@ def _evaluate_constants(
         if reason is None:
             try:
                 values[node] = _run(gm, node, values, protected)
-            except _NotConstant as exc:
+            except NotConstant as exc:
                 reason = str(exc)
                 if reason == MUTATES:
                     writers.add(node)
@@ -259,13 +212,13 @@ def _evaluate_constants(
         if reason is not None:
             skips.add(reason)
             continue
-        protected |= _storages(values[node])
+        protected |= storages(values[node])
     return values, writers
 
 
 def _run(gm: fx.GraphModule, node: fx.Node, values: dict[fx.Node, Any], protected: set[int]) -> Any:
     args, kwargs = fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
-    with torch.no_grad(), _ConstantGuard(protected):
+    with torch.no_grad(), ConstantGuard(protected):
         if node.op == "call_function":
             assert callable(node.target)
             return node.target(*args, **kwargs)
@@ -287,14 +240,14 @@ def _drop_mutated(
             continue
         for arg in node.all_input_nodes:
             if arg in values:
-                mutated |= _storages(values[arg])
+                mutated |= storages(values[arg])
         module = module_of(gm, node)
         if module is not None:
-            mutated |= _storages([*module.parameters(), *module.buffers()])
+            mutated |= storages([*module.parameters(), *module.buffers()])
     if not mutated:
         return
     for node in list(values):
-        tainted = bool(_storages(values[node]) & mutated)
+        tainted = bool(storages(values[node]) & mutated)
         if tainted or any(n not in values for n in node.all_input_nodes):
             del values[node]
             if node.op != "get_attr":
@@ -334,8 +287,8 @@ def _input_nbytes(node: fx.Node, values: dict[fx.Node, Any]) -> int:
             continue
         seen.add(n)
         if n.op == "get_attr":
-            for t in _tensors(values[n]):
-                key = _storage_key(t)
+            for t in tensors(values[n]):
+                key = storage_key(t)
                 if key is not None:
                     sizes[key] = t.untyped_storage().nbytes()
         stack.extend(n.all_input_nodes)
@@ -349,7 +302,7 @@ def _attributes(gm: fx.GraphModule) -> Iterable[tuple[str, torch.Tensor]]:
 
 def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(
-        _storage_key(a) == _storage_key(b)
+        storage_key(a) == storage_key(b)
         and a.storage_offset() == b.storage_offset()
         and a.shape == b.shape
         and a.stride() == b.stride()
@@ -367,12 +320,12 @@ def _buffer_for(
     whole storage it views alive. ``copies`` remembers the views already copied in this run,
     so ``w[0]`` read twice is stored once.
     """
-    key = _storage_key(value)
+    key = storage_key(value)
     if key is None:
         return _new_buffer(gm, value)
     is_view = value.untyped_storage().nbytes() > value.numel() * value.element_size()
     for name, attr in _attributes(gm):
-        if _storage_key(attr) != key:
+        if storage_key(attr) != key:
             continue
         if _same_tensor(attr, value):
             return name
