@@ -58,7 +58,7 @@ NO_INPUTS = "fxmobile.optimize, no example_inputs"
 STAGES = (
     ("fxmobile.api", "_fx_stage", "FX stage"),
     ("fxmobile.api", "capture", "  capture: copy + symbolic trace"),
-    ("fxmobile.api", "reference_outputs", "  eager reference run (check)"),
+    ("fxmobile.capture.trace", "reference_outputs", "  eager reference run (check)"),
     ("fxmobile.api", "to_torchscript", "torch.jit.script of the graph module"),
     ("fxmobile.api", "_script_stage", "TorchScript stage"),
     ("fxmobile.api", "clone_script_module", "  clone_script_module"),
@@ -66,7 +66,7 @@ STAGES = (
     ("fxmobile.api", "unfused_ops", "  unfused op count"),
     ("fxmobile.api", "lite_interpreter_bytes", "  lite-interpreter bytes (file size)"),
     ("fxmobile.api", "generate_mobile_module_lints", "  lints"),
-    ("fxmobile.api", "run_model", "optimized module run (check)"),
+    ("fxmobile.api", "run_calls", "optimized module run (check)"),
 )
 
 
