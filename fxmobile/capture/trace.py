@@ -30,6 +30,7 @@ from fxmobile.capture.checks import (
     resolve_leaves,
     training_submodules,
 )
+from fxmobile.capture.hook_watch import watch_hook_registration
 from fxmobile.capture.hooks import plan_hooks, refuse_global_hooks, without_hooks
 from fxmobile.capture.mutation import (
     GraphWrite,
@@ -96,8 +97,17 @@ def capture(model: nn.Module, options: Options) -> Capture:
     if options.checks:
         before = StateSnapshot.of(copied)
         start = time.perf_counter()
-        reference, after_reference = _reference_run(copied, options)
+        with watch_hook_registration(refuse=False) as registered:
+            reference, after_reference = _reference_run(copied, options)
         seconds = time.perf_counter() - start
+        if registered:
+            raise CaptureError(
+                f"{type(model).__name__}'s forward installs forward hooks when it runs "
+                f"({registered[0]}, {len(registered)} in all): torch.fx does not run hooks, so a "
+                "traced graph would read what they collect at trace time, empty. Fix: "
+                "fxmobile.optimize traces it with torch.jit.trace instead (it runs the hooks); "
+                "optimize_fx cannot capture it"
+            )
         changes = before.changes(copied, recomputed=recomputed_by_hooks(copied))
         if changes:
             writes = _traced_writes(model, leaf_types, leaf_paths, concrete_args)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from fxmobile.capture.hook_watch import watch_hook_registration
 from fxmobile.capture.hooks import RootHooks, run_forward_hooks, run_pre_hooks
 from fxmobile.capture.shapes import RootForward, ShapeTracer, parameter_inputs
 from fxmobile.errors import innermost_user_frame
@@ -203,7 +204,8 @@ def _trace_once(
 ) -> Traced:
     root_hooks = id(model) in traced_hooks
     if not isinstance(tracer, ShapedTracer):
-        with RootHooks(model) if root_hooks else contextlib.nullcontext():
+        hooks = RootHooks(model) if root_hooks else contextlib.nullcontext()
+        with hooks, watch_hook_registration():
             graph = tracer.trace(model, concrete_args=concrete)
         return Traced(graph, tracer, "plain")
     inputs, fixed, bound = parameter_inputs(model.forward, options.example_inputs or ())
@@ -212,7 +214,7 @@ def _trace_once(
             fixed[name] = value
             inputs.pop(name, None)
     tracer.start(inputs)
-    with _root_forward(model, list(inputs), fixed, root_hooks):
+    with _root_forward(model, list(inputs), fixed, root_hooks), watch_hook_registration():
         graph = tracer.trace(model)
     guards = {
         name: tuple(meta.shape)
