@@ -64,7 +64,7 @@ from fxmobile.passes.constant_guard import (
     MUTATES,
     RANDOM,
     ConstantGuard,
-    NotConstant,
+    NotConstantError,
     storage_key,
     storages,
     tensors,
@@ -203,7 +203,7 @@ def _evaluate_constants(
         if reason is None:
             try:
                 values[node] = _run(gm, node, values, protected)
-            except NotConstant as exc:
+            except NotConstantError as exc:
                 reason = str(exc)
                 if reason == MUTATES:
                     writers.add(node)
