@@ -165,6 +165,12 @@ def why_not_foldable(node: fx.Node, value: Any, input_nbytes: int) -> str | None
 
 
 class FoldConstants(FxPass):
+    """Replace each output of a constant subgraph with a buffer computed once, at optimization time.
+
+    Leaves random, uninitialized, impure and mutated values, results that are not tensors, would
+    grow the model or are returned by ``forward``.
+    """
+
     optimization = MobileOptimizerType.FOLD_CONSTANTS
     summary: ClassVar[str] = "f(self.w, self.b, 2.0) -> self._folded_i (computed once)"
 
