@@ -19,6 +19,8 @@ import torch
 
 @dataclass(frozen=True)
 class Timing:
+    """One candidate's latency over the measured rounds, in milliseconds."""
+
     median_ms: float
     p10_ms: float  # a fast run: what the machine gives when nothing else is running
     p90_ms: float

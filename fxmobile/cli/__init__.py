@@ -52,6 +52,7 @@ class Command(Protocol):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``fxmobile`` parser, one subparser per command, each holding its command's ``run``."""
     parser = argparse.ArgumentParser(prog="fxmobile", description=_DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command ``argv`` names (default ``sys.argv[1:]``); the exit status."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

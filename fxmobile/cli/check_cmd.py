@@ -37,6 +37,7 @@ example:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``check``'s arguments: the file, the runtimes, the inputs, the tolerance, threads, format."""
     parser.add_argument("file", type=Path, metavar="FILE", help="a lite-interpreter file (.ptl)")
     parser.add_argument(
         "--runtime",
@@ -67,6 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Check ``args.file`` on each runtime asked for; 1 when one fails to load, run or agree."""
     path: Path = args.file
     if not path.is_file():
         raise CliError(f"{path}: no such file")

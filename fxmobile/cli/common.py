@@ -48,6 +48,7 @@ def input_shape(text: str) -> tuple[int, ...]:
 
 
 def positive_int(text: str) -> int:
+    """``text`` as an integer of at least 1."""
     try:
         value = int(text)
     except ValueError:
@@ -108,6 +109,10 @@ class Console:
 
 @contextlib.contextmanager
 def quiet_deprecations() -> Iterator[None]:
+    """Silence torch's deprecation warnings for TorchScript and the lite interpreter.
+
+    fxmobile produces those formats on purpose; the README states the deprecation once instead.
+    """
     with warnings.catch_warnings():
         for message in _DEPRECATIONS:
             warnings.filterwarnings("ignore", message=message)

@@ -36,6 +36,7 @@ _CUSTOM_CLASS_PREFIX = "__torch__.torch.classes."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``inspect``'s arguments: the file, the output format, and whether to list every context."""
     parser.add_argument("file", type=Path, metavar="FILE", help="a saved TorchScript file")
     parser.add_argument(
         "--format", choices=("table", "markdown", "json"), default="table", help="default table"
@@ -47,6 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @dataclass(frozen=True)
 class PackedContext:
+    """One packed context: where the module holds it, its class and its weight's shape."""
+
     where: str  # the attribute's path, or "constant in <method>"
     class_name: str
     weight_shape: list[int] | None
@@ -54,6 +57,8 @@ class PackedContext:
 
 @dataclass
 class Inspection:
+    """Everything ``fxmobile inspect`` shows about one file, as plain data (``--format json``)."""
+
     file: str
     file_bytes: int
     model: str
@@ -68,6 +73,7 @@ class Inspection:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Print what ``args.file`` holds; always 0 (an unreadable file raises ``CliError``)."""
     found = inspect_file(args.file)
     console = Console(args.format)
     if args.format == "json":
@@ -78,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def inspect_file(path: Path) -> Inspection:
+    """What the TorchScript file at ``path`` holds and what a mobile runtime needs to run it."""
     module = load_script_module(path)
     names = list(module._c._method_names())
     methods = sorted(names, key=lambda name: (name != "forward", name))

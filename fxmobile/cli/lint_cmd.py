@@ -12,6 +12,7 @@ from fxmobile.script.lints import generate_mobile_module_lints
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``lint``'s arguments: the file and the output format."""
     parser.add_argument("file", type=Path, metavar="FILE", help="a saved TorchScript file")
     parser.add_argument(
         "--format", choices=("table", "markdown", "json"), default="table", help="default table"
@@ -19,6 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Print the lints of ``args.file``; 1 when there are any."""
     console = Console(args.format)
     lints = generate_mobile_module_lints(load_script_module(args.file))
     if args.format == "json":

@@ -84,6 +84,7 @@ def load_model(
 
 
 def random_inputs(shapes: Sequence[tuple[int, ...]]) -> tuple[torch.Tensor, ...]:
+    """One ``torch.randn`` tensor per shape, drawn from a generator seeded with ``SEED``."""
     generator = torch.Generator().manual_seed(SEED)
     return tuple(torch.randn(shape, generator=generator) for shape in shapes)
 

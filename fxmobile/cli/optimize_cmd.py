@@ -36,6 +36,7 @@ from fxmobile.verify import compare_outputs, run_model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``optimize``'s arguments: the SPEC, the output file, and how to optimize, check and time."""
     parser.add_argument("spec", metavar="SPEC", help=SPEC_FORMS)
     parser.add_argument(
         "-o", "--output", required=True, type=Path, help="the lite-interpreter file to write"
@@ -128,6 +129,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Optimize, save, check and optionally time ``args.spec``; 0, or ``NumericalMismatchError``.
+
+    A failed check raises unless ``--check warn``, after the file is written so it can be looked at.
+    """
     console = Console(args.format)
     if args.output.is_dir():
         raise CliError(f"-o {args.output} is a directory; name the file to write, e.g. model.ptl")

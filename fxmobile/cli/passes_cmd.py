@@ -22,6 +22,7 @@ HEADERS = ["stage", "pass", "blocklist member", "rewrite"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``passes``' arguments: the backend and the table format."""
     parser.add_argument(
         "--backend",
         type=str.lower,
@@ -53,5 +54,6 @@ def _row(
 
 
 def run(args: argparse.Namespace) -> int:
+    """Print the pass table for ``args.backend``; always 0."""
     print(table(rows(Backend(args.backend)), HEADERS, args.format, numbers=False))
     return 0

@@ -23,6 +23,7 @@ _WRITERS = "torch.jit.save, torch.jit.script(...)._save_for_lite_interpreter or 
 
 
 def register_all_families() -> None:
+    """Register every fxmobile op family, so that any file fxmobile wrote can be loaded."""
     for family in OpFamily:
         ensure_registered(family)
 

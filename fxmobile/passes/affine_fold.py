@@ -33,6 +33,7 @@ def is_producer(module: nn.Module) -> bool:
 
 
 def out_channels(module: nn.Module) -> int:
+    """How many output channels ``module`` has (``out_features`` for a Linear)."""
     if type(module) is nn.Linear:
         return int(module.out_features)
     return int(module.out_channels)  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ RANDOM = "random op is not a constant"
 MUTATES = "op would write to a parameter or constant"
 
 
-class NotConstant(Exception):
+class NotConstantError(Exception):
     """Raised by the guard, before the offending op runs."""
 
 
@@ -38,18 +38,18 @@ class ConstantGuard(TorchDispatchMode):
     ) -> Any:
         kwargs = kwargs or {}
         if torch.Tag.nondeterministic_seeded in func.tags:
-            raise NotConstant(RANDOM)
+            raise NotConstantError(RANDOM)
         # native_batch_norm writes running_mean/var when training, but its schema hides it.
         batch_norm = func is torch.ops.aten.native_batch_norm.default and len(args) > 5
         if batch_norm and args[5] and storages(args[3:5]) & self.protected:
-            raise NotConstant(MUTATES)
+            raise NotConstantError(MUTATES)
         schema = func._schema
         if schema.is_mutable:
             for i, arg in enumerate(schema.arguments):
                 value = args[i] if i < len(args) else kwargs.get(arg.name)
                 written = arg.alias_info is not None and arg.alias_info.is_write
                 if written and storages(value) & self.protected:
-                    raise NotConstant(MUTATES)
+                    raise NotConstantError(MUTATES)
         return func(*args, **kwargs)
 
 

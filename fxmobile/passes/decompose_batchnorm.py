@@ -101,6 +101,12 @@ def decompose(gm: fx.GraphModule, match: BatchNormCall, buffers: BufferCache) ->
 
 
 class DecomposeBatchNorm(FxPass):
+    """Turn each inference BatchNorm still there after folding into ``x * s + t``.
+
+    Leaves what the matcher refuses (training mode, no running stats, hooks, a subclass) and a BN
+    whose input dtype differs from its statistics'.
+    """
+
     optimization = MobileOptimizerType.DECOMPOSE_BATCHNORM
     summary: ClassVar[str] = "BatchNorm(x) (eval, not folded) -> x * s + t"
     needs_shapes: ClassVar[bool] = True

@@ -21,6 +21,11 @@ from fxmobile.passes.stage import FxContext, FxPass
 
 
 class EliminateDeadCode(FxPass):
+    """Erase unused pure nodes, then the submodules, parameters and buffers nothing reads any more.
+
+    Keeps an unused node that may mutate: an in-place op, a module from outside ``torch.nn``.
+    """
+
     optimization = MobileOptimizerType.ELIMINATE_DEAD_CODE
     summary: ClassVar[str] = "unused pure nodes, submodules and tensors -> removed"
 

@@ -69,6 +69,8 @@ from fxmobile.passes.stage import FxContext, FxPass
 
 @dataclass(frozen=True)
 class Match:
+    """A foldable BatchNorm and the conv, transposed conv or linear layer it folds into."""
+
     bn: BatchNormCall
     producer: Producer
 
@@ -210,6 +212,12 @@ def fold(gm: fx.GraphModule, match: Match) -> None:
 
 
 class FoldBatchNorm(FxPass):
+    """Fold each inference BatchNorm into the conv, transposed conv or linear layer before it.
+
+    Leaves a BN whose producer output has other users, whose features or normalized axis are not
+    provably the producer's output channels, or that the matcher refuses (training, hooks).
+    """
+
     optimization = MobileOptimizerType.CONV_BN_FUSION
     summary: ClassVar[str] = "BatchNorm(conv/conv_transpose/linear(x)) -> conv'/linear'(x)"
     needs_shapes: ClassVar[bool] = True

@@ -64,7 +64,7 @@ from fxmobile.passes.constant_guard import (
     MUTATES,
     RANDOM,
     ConstantGuard,
-    NotConstant,
+    NotConstantError,
     storage_key,
     storages,
     tensors,
@@ -165,6 +165,12 @@ def why_not_foldable(node: fx.Node, value: Any, input_nbytes: int) -> str | None
 
 
 class FoldConstants(FxPass):
+    """Replace each output of a constant subgraph with a buffer computed once, at optimization time.
+
+    Leaves random, uninitialized, impure and mutated values, results that are not tensors, would
+    grow the model or are returned by ``forward``.
+    """
+
     optimization = MobileOptimizerType.FOLD_CONSTANTS
     summary: ClassVar[str] = "f(self.w, self.b, 2.0) -> self._folded_i (computed once)"
 
@@ -203,7 +209,7 @@ def _evaluate_constants(
         if reason is None:
             try:
                 values[node] = _run(gm, node, values, protected)
-            except NotConstant as exc:
+            except NotConstantError as exc:
                 reason = str(exc)
                 if reason == MUTATES:
                     writers.add(node)

@@ -57,6 +57,8 @@ from fxmobile.passes.stage import FxContext, FxPass
 
 
 class Arith(enum.Enum):
+    """The operation a ``Step`` applies to the producer's output."""
+
     ADD = "add"
     SUB = "sub"
     MUL = "mul"
@@ -272,6 +274,12 @@ def fold_steps(gm: fx.GraphModule, p: Producer, steps: list[Step]) -> None:
 
 
 class FoldConvArithmetic(FxPass):
+    """Fold chains of constant add/sub/mul/div after a conv or linear layer into its weights.
+
+    Leaves a constant that is not per output channel, would change the dtype, divides by zero or is
+    not finite, and a producer output with other users.
+    """
+
     optimization = MobileOptimizerType.FOLD_CONV_ARITHMETIC
     summary: ClassVar[str] = "conv(x) +-*/ per-channel constant -> conv'(x) with W', b' folded"
     needs_shapes: ClassVar[bool] = True

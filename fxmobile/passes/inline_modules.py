@@ -130,6 +130,11 @@ INLINERS: dict[type[nn.Module], Callable[[Any], Call | None]] = {
 
 
 class InlineModules(FxPass):
+    """Replace each call to a module type in ``INLINERS`` with the functional call it makes.
+
+    Leaves subclasses, modules with hooks or an instance ``forward``, and every other module type.
+    """
+
     optimization = MobileOptimizerType.INLINE_MODULES
     summary: ClassVar[str] = (
         "conv / linear / activation / pool module calls -> the functional call their forward makes"

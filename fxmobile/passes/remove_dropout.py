@@ -68,6 +68,12 @@ def _never_drops(p: Any) -> bool:
 
 
 class RemoveDropout(FxPass):
+    """Remove every dropout that is the identity (eval mode, ``training=False`` or ``p == 0``).
+
+    Leaves one that may drop: a module in training mode, a functional call whose ``training`` is
+    not the constant False; and a module with hooks.
+    """
+
     optimization = MobileOptimizerType.REMOVE_DROPOUT
     summary: ClassVar[str] = "Dropout*(x) / F.dropout*(x, training=False) / p=0 -> x"
     keeps_shapes: ClassVar[bool] = True

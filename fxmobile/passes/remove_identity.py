@@ -93,6 +93,12 @@ def _is_scalar(value: object, neutral: int) -> bool:
 
 
 class RemoveIdentity(FxPass):
+    """Replace ``nn.Identity()(x)``, ``x + 0``, ``x - 0``, ``x * 1`` and ``x / 1`` with ``x``.
+
+    Leaves the arithmetic forms unless the dtype provably stays, and when the result is written in
+    place or returned (``x + 0`` is a copy).
+    """
+
     optimization = MobileOptimizerType.REMOVE_IDENTITY
     summary: ClassVar[str] = "Identity(x), x+0, x-0, x*1, x/1 -> x"
     needs_shapes: ClassVar[bool] = True

@@ -236,6 +236,12 @@ def _channels_last_copy(t: torch.Tensor) -> torch.Tensor:
 
 
 class ToChannelsLast(FxPass):
+    """Run 4-D inputs, the conv weights and the 4-D constants they reach in channels-last layout.
+
+    Declines the whole rewrite when a reached op reads strides or a reached module has hooks, or
+    when the rewritten graph fails its fake-tensor check.
+    """
+
     optimization = MobileOptimizerType.CHANNELS_LAST
     summary: ClassVar[str] = (
         "4-D input x -> x.contiguous(memory_format=channels_last); conv weights channels-last"

@@ -13,11 +13,15 @@ from typing import Any
 
 
 class Stage(enum.Enum):
+    """The pipeline stage a pass belongs to: the FX graph or the TorchScript module."""
+
     FX = "fx"
     SCRIPT = "script"
 
 
 class Status(enum.Enum):
+    """Whether a pass ran or the blocklist switched it off."""
+
     RAN = "ran"
     BLOCKLISTED = "blocklisted"
 

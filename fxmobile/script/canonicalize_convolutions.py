@@ -85,6 +85,12 @@ def canonical(node: torch._C.Node) -> tuple[str, list[Any]] | str | None:
 
 
 class CanonicalizeConvolutions(ScriptPass):
+    """Rewrite traced and string-padded convolutions as ``conv{N}d`` / ``conv_transpose{N}d``.
+
+    Leaves, reported, a conv whose weight, padding or dilation is not a constant, and a ``"same"``
+    conv whose total padding is odd (torch pads one more at the end).
+    """
+
     summary = (
         "aten::_convolution / _convolution_mode / string padding -> conv{N}d or "
         "conv_transpose{N}d with integer padding"

@@ -50,6 +50,11 @@ def decompose(graph: torch._C.Graph, bn: FrozenBatchNorm, rank: int | None) -> N
 
 
 class DecomposeBatchNorm(ScriptPass):
+    """Turn each ``aten::batch_norm`` still in the frozen graph into ``x * s + t``.
+
+    Leaves a BN in training mode or whose statistics are not constants, with the reason.
+    """
+
     optimization = MobileOptimizerType.DECOMPOSE_BATCHNORM
     summary = "batch_norm(x) (not folded) -> x * s + t"
 

@@ -91,6 +91,13 @@ def fold(graph: torch._C.Graph, bn: FrozenBatchNorm) -> None:
 
 
 class FoldBatchNorm(ScriptPass):
+    """Fold each ``aten::batch_norm`` into the conv, transposed conv or linear before it.
+
+    Leaves a BN in training mode or with statistics that are not constants, one whose input is no
+    producer or has other users, a producer whose weight, bias or groups is not a constant, and a
+    BN whose features or input rank do not provably match the producer's output channels.
+    """
+
     optimization = MobileOptimizerType.CONV_BN_FUSION
     summary = "batch_norm(conv / conv_transpose / linear (x)) -> producer with W', b' folded"
 

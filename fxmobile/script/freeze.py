@@ -36,6 +36,7 @@ def bundled_inputs_attributes(
 
 
 def freeze(module: torch.jit.ScriptModule, preserved: Sequence[str]) -> torch.jit.ScriptModule:
+    """``module`` frozen with ``preserved`` kept, without ``torch.jit.freeze``'s optimizations."""
     frozen = torch._C._freeze_module(module._c, list(preserved), True, False)
     return torch.jit._recursive.wrap_cpp_module(frozen)
 

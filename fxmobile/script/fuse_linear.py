@@ -57,6 +57,7 @@ def _linear_operands(node: torch._C.Node) -> tuple[Any, Any, Any] | None:
 
 def fuse_constant_linears(graph: torch._C.Graph) -> None:
     # Additions first, so a matmul takes its bias along; then the matmuls left alone.
+    """Rewrite ``graph``'s addmm / matmul (+ add) on a constant weight as ``aten::linear``."""
     for kinds in ({"aten::addmm", "aten::add"}, {"aten::matmul"}):
         _fuse(graph, kinds)
 
@@ -83,6 +84,11 @@ def _fuse(graph: torch._C.Graph, kinds: set[str]) -> None:
 
 
 class FuseLinear(CountingScriptPass):
+    """Recover ``aten::linear`` from addmm and matmul (+ add): torch's pass, then constant forms.
+
+    Declines nothing: a form neither matches stays as it is, unreported.
+    """
+
     optimization = MobileOptimizerType.INSERT_FOLD_PREPACK_OPS
     summary = "addmm / matmul (+ add) -> aten::linear"
     created = frozenset({"aten::linear"})

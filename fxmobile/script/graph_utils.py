@@ -44,11 +44,13 @@ def iter_nodes(graph: torch._C.Graph) -> Iterator[torch._C.Node]:
 
 
 def method_graphs(module: ScriptModule, methods: Sequence[str]) -> Iterator[torch._C.Graph]:
+    """The graphs of ``module``'s ``methods``, not inlined: rewriting one rewrites the method."""
     for name in methods:
         yield module._c._get_method(name).graph
 
 
 def existing_methods(module: ScriptModule, names: Sequence[str]) -> list[str]:
+    """Those of ``names`` that ``module`` has as methods, in order."""
     return [name for name in names if module._c._has_method(name)]
 
 
@@ -92,6 +94,7 @@ def count_kinds(module: ScriptModule, methods: Sequence[str], kinds: set[str]) -
 
 
 def node_count(module: ScriptModule, methods: Sequence[str]) -> int:
+    """How many nodes ``methods`` hold, blocks included, bookkeeping (constants, lists) aside."""
     return sum(
         1
         for g in method_graphs(module, methods)

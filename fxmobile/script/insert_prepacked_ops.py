@@ -68,6 +68,11 @@ def _rank(value: torch._C.Value) -> int | None:
 
 
 class InsertPrepackedOps(ScriptPass):
+    """Rewrite the ops in a backend's ``Prepack`` table as that backend's prepack + run pair.
+
+    Leaves a conv with string padding and an op whose weight has another rank, reported.
+    """
+
     summary = "aten::linear / conv2d / conv_transpose2d -> the backend's prepack + run ops"
 
     def __init__(self, table: Sequence[Prepack], optimization: MobileOptimizerType | None) -> None:

@@ -23,6 +23,8 @@ from fxmobile.script.graph_utils import iter_nodes
 
 
 class LintCode(enum.Enum):
+    """The codes of ``generate_mobile_module_lints``: upstream's four, then fxmobile's own."""
+
     BUNDLED_INPUT = 1
     REQUIRES_GRAD = 2
     DROPOUT = 3

@@ -22,6 +22,10 @@ DROPOUT_KINDS = frozenset(
 
 
 class RemoveDropout(CountingScriptPass):
+    """Remove ``aten::dropout`` / ``feature_dropout`` (and in-place forms) whose ``train`` is the
+    constant False, in ``forward``; report the rest.
+    """
+
     optimization = MobileOptimizerType.REMOVE_DROPOUT
     summary = "aten::dropout / feature_dropout (train=False) -> x"
     removed = DROPOUT_KINDS

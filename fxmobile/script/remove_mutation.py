@@ -47,6 +47,11 @@ def mutating_kinds(module: torch.jit.ScriptModule, methods: Sequence[str]) -> Co
 
 
 class RemoveMutation(ScriptPass):
+    """Rewrite in-place ops as their functional forms where torch proves no alias sees the write.
+
+    Leaves, by op, a write to a graph input or an alias of one, or to a value an alias reads later.
+    """
+
     optimization = None  # upstream's GPU pipelines cannot switch it off
     summary = "aten::relu_ / add_ / ... -> aten::relu / add / ... where no alias observes it"
 

@@ -22,5 +22,6 @@ def _quiet() -> Iterator[None]:
 
 
 def lite_interpreter_bytes(module: torch.jit.ScriptModule) -> bytes:
+    """``module`` saved for the lite interpreter, as the bytes of a ``.ptl`` file."""
     with _quiet():
         return bytes(module._save_to_buffer_for_lite_interpreter())

@@ -108,6 +108,12 @@ def _move_outputs(graph: torch._C.Graph, skips: Skips) -> int:
 
 
 class InsertGpuTransfers(ScriptPass):
+    """Move tensor inputs to Vulkan and tensor outputs back to the CPU, in every method.
+
+    Marks the module ``requires_backend_transfers = False``. Leaves, reported, inputs and outputs
+    that hold tensors in other types (optional, list, nested).
+    """
+
     optimization = MobileOptimizerType.VULKAN_AUTOMATIC_GPU_TRANSFER
     summary = "tensor inputs -> aten::to(x, 'vulkan'); tensor outputs -> aten::to(y, 'cpu')"
 

@@ -295,6 +295,12 @@ def can_rewrite(node: Node) -> str | None:
 
 
 class InsertVulkanOps(ScriptPass):
+    """Rewrite each layer in ``RULES`` as its Vulkan ``create_*_context`` + ``run_*_context`` pair.
+
+    Leaves as ATen, with the reason, what Vulkan cannot run (string padding, a weight of the wrong
+    rank, missing affine params or statistics, an RNN configuration its kernels assert against).
+    """
+
     optimization = None  # upstream's Vulkan pipeline cannot switch it off
     summary = (
         "aten::linear / layer_norm / conv1d / conv2d / conv_transpose2d / gru / lstm / "

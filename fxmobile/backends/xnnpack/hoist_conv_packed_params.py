@@ -54,6 +54,11 @@ def _access_path(value: torch._C.Value, root: torch._C.Value) -> list[str] | Non
 
 
 class HoistConvPackedParams(ScriptPass):
+    """Read quantized convs' ``_packed_params`` from root attributes; refreeze to drop the convs.
+
+    Leaves every other attribute read as it is; declines nothing.
+    """
+
     optimization = MobileOptimizerType.HOIST_CONV_PACKED_PARAMS
     summary = "<path>._packed_params of quantized convs -> root attribute; convs removed"
 
