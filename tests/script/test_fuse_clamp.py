@@ -412,3 +412,37 @@ def test_every_rewritten_method_is_fused() -> None:
     x = torch.randn(1, 3, 4, 4) * 8
     assert_equivalent(model.clamped, result.unit.clamped, x)
     assert_equivalent(model, result.unit, x)
+
+
+class Pinned(nn.Module):
+    def forward(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return torch.clamp(y, 0.5, 0.5)  # min == max: every value becomes 0.5
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="fxmobile bug: fuse_clamp fuses min == max into XNNPACK's prepack, which refuses it "
+    "(output_max must be greater than output_min); see /work/notes/test-findings.md",
+)
+def test_equal_bounds_are_left_alone_for_xnnpack() -> None:
+    model = Conv(Pinned()).eval()
+    result = xnnpack_fuse().call(prepacked(model), CTX)
+    folded = FoldPrepacking(InsertPrepackedOps(XNNPACK, MEMBER).prepack_kinds, MEMBER)
+    module = folded.call(result.unit, CTX).unit  # runs the prepack op
+    assert_equivalent(model, module, torch.randn(1, 3, 5, 5))
+    assert result.rewrites == 0 and kinds(result.unit)["aten::clamp"] == 1
+
+
+def test_a_run_whose_output_is_unused_is_not_a_candidate() -> None:
+    model = Conv(ReadTwice()).eval()
+    module = prepacked(model)
+    (run,) = nodes_of(module, "prepacked::conv2d_clamp_run")
+    run.output().replaceAllUsesWith(list(module.graph.inputs())[1])  # the run is now dead code
+    result = xnnpack_fuse().call(module, CTX)
+    assert result.rewrites == 0 and result.skips == {}
+
+
+def test_the_pass_is_switched_off_by_its_backends_member() -> None:
+    assert xnnpack_fuse().blocked_by() == {MEMBER}
+    assert FuseClamp(VULKAN_SLOTS, None).blocked_by() == frozenset()
+    assert xnnpack_fuse().name == "fuse_clamp"
