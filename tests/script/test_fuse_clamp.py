@@ -7,9 +7,9 @@ Each activation kind's bounds, in the slots of every backend table (XNNPACK's li
 transposed conv, Metal's linear and conv2d, Vulkan's conv2d context): counts of the activation
 kinds (gone), the prepack call's bound arguments, numerics against a float64 eager reference
 (the prepack ops run on every call: nothing is folded here). And every refusal with its reason:
-bounds that are not constants, tensor bounds, crossed bounds, bounds already set, a run output
-read by another op, a packed context shared by several runs (clamping it would clamp the other
-runs too), and a context the expected prepack op did not make in this graph.
+bounds that are not constants, tensor bounds, crossed or equal bounds, bounds already set, a run
+output read by another op, a packed context shared by several runs (clamping it would clamp the
+other runs too), and a context the expected prepack op did not make in this graph.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import fxmobile
 from fxmobile.backends.library import OpFamily, ensure_registered
 from fxmobile.backends.metal.pipeline import PREPACK as METAL
 from fxmobile.backends.vulkan.insert_prepacked_ops import CREATE_KINDS, InsertVulkanOps
@@ -419,18 +420,22 @@ class Pinned(nn.Module):
         return torch.clamp(y, 0.5, 0.5)  # min == max: every value becomes 0.5
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fxmobile bug: fuse_clamp fuses min == max into XNNPACK's prepack, which refuses it "
-    "(output_max must be greater than output_min); see /work/notes/test-findings.md",
-)
-def test_equal_bounds_are_left_alone_for_xnnpack() -> None:
+def test_equal_bounds_are_left_alone() -> None:
+    """clamp(y, 0.5, 0.5) was fused, and XNNPACK's prepack then refused it ("output_max must be
+    greater than output_min"): fold_prepacking failed and optimize_for_mobile with it."""
     model = Conv(Pinned()).eval()
     result = xnnpack_fuse().call(prepacked(model), CTX)
+    assert result.rewrites == 0 and result.skips == {"aten::clamp bounds meet (min == max)": 1}
+    assert kinds(result.unit)["aten::clamp"] == 1
     folded = FoldPrepacking(InsertPrepackedOps(XNNPACK, MEMBER).prepack_kinds, MEMBER)
     module = folded.call(result.unit, CTX).unit  # runs the prepack op
     assert_equivalent(model, module, torch.randn(1, 3, 5, 5))
-    assert result.rewrites == 0 and kinds(result.unit)["aten::clamp"] == 1
+
+
+def test_equal_bounds_leave_the_cpu_pipeline_working() -> None:
+    model = Conv(Pinned()).eval()
+    optimized = fxmobile.optimize_for_mobile(model)
+    assert_equivalent(model, optimized, torch.randn(1, 3, 5, 5))
 
 
 def test_a_run_whose_output_is_unused_is_not_a_candidate() -> None:
