@@ -5,7 +5,9 @@
 Counts of ``aten::_add_relu`` / ``_add_relu_`` (there) and of the relus (gone), numerics against
 a float64 eager reference, and the methods left whole, with their reasons: an add that reads
 memory another op writes in place (through a view too), an ``add_`` whose target another op
-reads, and an add whose first operand is a constant or of another dtype.
+reads, an add whose first operand is a constant or of another dtype than the add's result, and
+an add whose operand dtypes are unknown (a scripted graph without example inputs, an add the
+probe run cannot see).
 """
 
 from __future__ import annotations
@@ -14,15 +16,17 @@ import pytest
 import torch
 from torch import nn
 
+import fxmobile
 from fxmobile.backends.xnnpack.fuse_add_relu import (
     ALIASED,
     MIXED_DTYPES,
     READ_ELSEWHERE,
+    UNKNOWN_DTYPES,
     FuseAddRelu,
 )
 from fxmobile.script.stage import ScriptContext
 from tests.helpers import assert_equivalent
-from tests.script.common import CTX, frozen, kinds
+from tests.script.common import CTX, frozen, kinds, with_inputs
 
 RELUS = {"aten::relu", "aten::relu_"}
 
@@ -36,11 +40,28 @@ class AddRelu(nn.Module):
 
 def test_add_then_relu_is_fused() -> None:
     model = AddRelu()
-    result = FuseAddRelu().call(frozen(model), CTX)
+    a, b = torch.randn(4), torch.randn(4)
+    result = FuseAddRelu().call(frozen(model), with_inputs(a, b))
     assert result.rewrites == 2 and result.skips == {}
     after = kinds(result.unit)
     assert after["aten::_add_relu"] == 2 and not RELUS & set(after)
-    assert_equivalent(model, result.unit, torch.randn(4), torch.randn(4))
+    assert_equivalent(model, result.unit, a, b)
+
+
+def test_a_graph_that_says_its_dtypes_fuses_without_example_inputs() -> None:
+    model = AddRelu()
+    a, b = torch.randn(4), torch.randn(4)
+    traced = torch.jit.trace(model.eval(), (a, b))  # not frozen: freezing erases the types
+    result = FuseAddRelu().call(traced, CTX)
+    assert result.rewrites == 2 and result.skips == {}
+    assert_equivalent(model, result.unit, a, b)
+
+
+def test_a_scripted_graph_without_example_inputs_is_left_alone() -> None:
+    model = AddRelu()
+    result = FuseAddRelu().call(frozen(model), CTX)
+    assert result.rewrites == 0 and result.skips == {UNKNOWN_DTYPES: 1}
+    assert kinds(result.unit)["aten::_add_relu"] == 0
 
 
 class ResidualInPlace(nn.Module):
@@ -58,11 +79,12 @@ class ResidualInPlace(nn.Module):
 
 def test_resnets_in_place_residual_is_fused_in_place() -> None:
     model = ResidualInPlace().eval()
-    result = FuseAddRelu().call(frozen(model), CTX)
+    x = torch.randn(1, 3, 4, 4)
+    result = FuseAddRelu().call(frozen(model), with_inputs(x))
     assert result.rewrites == 1 and result.skips == {}
     after = kinds(result.unit)
     assert after["aten::_add_relu_"] == 1 and not RELUS & set(after)
-    assert_equivalent(model, result.unit, torch.randn(1, 3, 4, 4))
+    assert_equivalent(model, result.unit, x)
 
 
 class WrittenThroughView(nn.Module):
@@ -103,7 +125,7 @@ def test_a_method_where_fusing_could_change_a_result_is_left_alone(name: str) ->
     model, reason, inputs = LEFT_ALONE[name]
     module = frozen(model)
     before = kinds(module)
-    result = FuseAddRelu().call(module, CTX)
+    result = FuseAddRelu().call(module, with_inputs(*inputs))
     assert result.rewrites == 0 and result.skips == {reason: 1}
     after = kinds(result.unit)
     assert after["aten::_add_relu"] == after["aten::_add_relu_"] == 0
@@ -139,19 +161,83 @@ class Float64ScalarFirst(nn.Module):
         return torch.relu(a.double().sum() + b)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fxmobile bug: fuse_add_relu fuses adds whose operand dtypes the frozen graph does "
-    "not know; _add_relu then fails at run time (see /work/notes/test-findings.md)",
-)
-@pytest.mark.parametrize("model", [BoolFirst(), Float64ScalarFirst()], ids=["bool", "float64"])
+MAY_DIFFER = [BoolFirst(), Float64ScalarFirst()]
+
+
+@pytest.mark.parametrize("model", MAY_DIFFER, ids=["bool", "float64"])
 def test_an_add_whose_first_operand_may_be_of_another_dtype_is_left_alone(
     model: nn.Module,
 ) -> None:
-    result = FuseAddRelu().call(frozen(model), CTX)
+    """Fused, these failed at run time: "value cannot be converted to type float without
+    overflow" (float64 0-dim first), an INTERNAL ASSERT in BinaryOps.cpp (bool first)."""
     a, b = torch.randn(4), torch.randn(4)
+    result = FuseAddRelu().call(frozen(model), CTX)  # no types, no example: unknown
+    assert result.rewrites == 0 and result.skips == {UNKNOWN_DTYPES: 1}
     torch.testing.assert_close(result.unit(a, b), model(a, b))
+    result = FuseAddRelu().call(frozen(model), with_inputs(a, b))  # the run shows them differ
     assert result.rewrites == 0 and result.skips == {MIXED_DTYPES: 1}
+    torch.testing.assert_close(result.unit(a, b), model(a, b))
+
+
+@pytest.mark.parametrize("model", MAY_DIFFER, ids=["bool", "float64"])
+def test_optimize_for_mobile_returns_a_module_that_runs(model: nn.Module) -> None:
+    a, b = torch.randn(4), torch.randn(4)
+    for given in (model.eval(), torch.jit.script(model.eval())):
+        optimized = fxmobile.optimize_for_mobile(given)
+        torch.testing.assert_close(optimized(a, b), model(a, b))
+
+
+class Float64First(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.relu(a.double() + b.sum())  # float64 [4] + float32 0-dim: float64
+
+
+class IntegerFirst(nn.Module):
+    def forward(self, a: torch.Tensor) -> torch.Tensor:
+        return torch.relu(a.long() + 0.5)  # int64 + a float number: float32
+
+
+def test_the_run_decides_by_the_result_dtype_not_by_equal_dtypes() -> None:
+    model = Float64First()
+    a, b = torch.randn(4), torch.randn(4)
+    result = FuseAddRelu().call(frozen(model), with_inputs(a, b))
+    assert result.rewrites == 1 and result.skips == {}
+    assert result.unit(a, b).dtype == torch.float64
+    torch.testing.assert_close(result.unit(a, b), model(a, b))
+    x = torch.randn(4) * 3
+    result = FuseAddRelu().call(frozen(IntegerFirst()), with_inputs(x))
+    assert result.rewrites == 0 and result.skips == {MIXED_DTYPES: 1}
+    torch.testing.assert_close(result.unit(x), IntegerFirst()(x))
+
+
+class AddInABranch(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if bool(a.sum() > 0):
+            return torch.relu(a + b)
+        return b
+
+
+def test_an_add_the_run_cannot_see_is_left_alone() -> None:
+    model = AddInABranch()
+    a, b = torch.ones(4), torch.randn(4)
+    result = FuseAddRelu().call(frozen(model), with_inputs(a, b))
+    assert result.rewrites == 0 and result.skips == {UNKNOWN_DTYPES: 1}
+    torch.testing.assert_close(result.unit(a, b), model(a, b))
+
+
+class SizeArithmetic(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        n = a.size(0) + 1  # an int add no relu reads: not a candidate
+        return torch.relu(a + b)[:n]
+
+
+def test_an_add_no_relu_reads_does_not_hold_the_method_back() -> None:
+    model = SizeArithmetic()
+    a, b = torch.randn(4), torch.randn(4)
+    result = FuseAddRelu().call(frozen(model), with_inputs(a, b))
+    assert result.rewrites == 1 and result.skips == {}
+    assert_equivalent(model, result.unit, a, b)
+    assert FuseAddRelu().call(frozen(model), CTX).skips == {UNKNOWN_DTYPES: 1}
 
 
 def test_the_reason_names_the_first_check_that_fails_in_each_method() -> None:
@@ -163,11 +249,18 @@ def test_the_reason_names_the_first_check_that_fails_in_each_method() -> None:
             return torch.relu(x + x)
 
     model = Both()
-    ctx = ScriptContext(("forward", "aliased"), ("aliased",))
-    result = FuseAddRelu().call(frozen(model, ("aliased",)), ctx)
+    a, b = torch.randn(4), torch.randn(4)
+    ctx = ScriptContext(("forward", "aliased"), ("aliased",), (a, b))
+    module = frozen(model, ("aliased",))
+    result = FuseAddRelu().call(module, ctx)  # the example inputs are forward's alone
+    assert result.rewrites == 2 and result.skips == {UNKNOWN_DTYPES: 1}
+    module = frozen(model, ("aliased",))
+    add = module._c._get_method("aliased").graph.findNode("aten::add")
+    x = add.inputsAt(0)
+    x.setType(x.type().with_dtype(torch.float32))  # the dtype known: the aliasing check speaks
+    result = FuseAddRelu().call(module, ctx)
     assert result.rewrites == 2 and result.skips == {ALIASED: 1}
     assert kinds(result.unit, "aliased")["aten::_add_relu"] == 0
-    a = torch.randn(4)
     torch.testing.assert_close(result.unit.aliased(a), model.aliased(a))
 
 
@@ -176,6 +269,9 @@ def test_the_reasons_say_what_they_mean() -> None:
     assert READ_ELSEWHERE == "method left alone: an add_ writes a tensor that another op reads"
     assert MIXED_DTYPES == (
         "method left alone: an add's first operand is a constant or of another dtype"
+    )
+    assert UNKNOWN_DTYPES == (
+        "method left alone: an add's operand dtypes are unknown (pass example_inputs)"
     )
 
 
