@@ -49,3 +49,9 @@ def nodes_of(
     """The nodes of ``kind`` in ``method``'s own graph (not inlined), in order."""
     graph = module._c._get_method(method).graph
     return [node for node in _nodes(graph.block()) if node.kind() == kind]
+
+
+def with_inputs(*inputs: torch.Tensor) -> ScriptContext:
+    """The context of ``forward`` alone, with example inputs (for the passes that probe ranks
+    or dtypes with them)."""
+    return ScriptContext(("forward",), (), inputs)
