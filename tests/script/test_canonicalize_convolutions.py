@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from fxmobile.script.canonicalize_convolutions import CanonicalizeConvolutions
@@ -96,3 +97,23 @@ def test_traced_1d_and_3d_convolutions_take_their_rank_from_the_weight() -> None
         result = CanonicalizeConvolutions().call(traced, NO_INPUTS)
         assert result.rewrites == 1 and op_histogram(result.unit, ["forward"])[kind] == 1
         assert_equivalent(model, result.unit, x)
+
+
+class OneDilationForTwoDims(nn.Module):
+    """A one-element dilation list, which ATen expands to every spatial dim."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 3, 3, 5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(x, self.weight, None, [1], "same", [2])
+
+
+def test_a_one_element_dilation_applies_to_every_dim() -> None:
+    model = OneDilationForTwoDims().eval()
+    result = CanonicalizeConvolutions().call(frozen(model), NO_INPUTS)
+    assert result.rewrites == 1 and result.skips == {}
+    (node,) = nodes_of(result.unit, "aten::conv2d")
+    assert node.inputsAt(4).toIValue() == [2, 4]
+    assert_equivalent(model, result.unit, torch.randn(1, 3, 8, 9))

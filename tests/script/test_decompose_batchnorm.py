@@ -46,6 +46,21 @@ def test_a_batchnorm_of_known_rank_decomposes_into_one_multiply_add() -> None:
     assert_equivalent(model, result.unit, x)
 
 
+@pytest.mark.parametrize("inputs", [(), (torch.randn(2, 4, 5, 5),)], ids=["rank unknown", "known"])
+def test_the_decomposition_computes_in_the_statistics_dtype(
+    inputs: tuple[torch.Tensor, ...],
+) -> None:
+    # s and t are worked out in float64: left so, they would promote a float32 model to float64
+    model = randomize_batchnorm(nn.Sequential(nn.ReLU(), nn.BatchNorm2d(4))).eval()
+    ctx = with_inputs(*inputs) if inputs else NO_INPUTS
+    result = DecomposeBatchNorm().call(frozen(model), ctx)
+    mul = result.unit.graph.findNode("aten::mul")
+    assert mul.inputsAt(1).toIValue().dtype == torch.float32
+    x = torch.randn(2, 4, 5, 5)
+    assert result.unit(x).dtype == torch.float32
+    assert_equivalent(model, result.unit, x)
+
+
 class FunctionalTrainingBatchNorm(nn.Module):
     def __init__(self) -> None:
         super().__init__()
