@@ -66,11 +66,8 @@ zoo-quick: $(STAMP)
 # One worker (the machine is shared). Results accumulate in mutants/: a second run retests only
 # the functions that changed (delete mutants/ for a fresh run). MUTANTS='fxmobile.script.fuse_clamp*'
 # runs some; `.venv/bin/mutmut show NAME` prints a mutant's diff, `mutmut results` the survivors.
+# The score per module (tests/mutation_score.py) is over the mutants that ran.
 MUTANTS ?=
 mutants: $(STAMP)
 	OMP_NUM_THREADS=1 $(VENV)/bin/mutmut run --max-children 1 $(MUTANTS)
-	$(VENV)/bin/mutmut export-cicd-stats
-	$(PY) -c 'import json; s = json.load(open("mutants/mutmut-cicd-stats.json")); \
-		c = s["killed"] + s["timeout"] + s["segfault"]; \
-		print("mutants caught: %d/%d (%.1f%%): killed %d, timed out %d, crashed %d; survived %d, no test %d, suspicious %d" \
-		% (c, s["total"], 100 * c / s["total"], s["killed"], s["timeout"], s["segfault"], s["survived"], s["no_tests"], s["suspicious"]))'
+	$(PY) tests/mutation_score.py mutants
