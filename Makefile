@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fxmobile-installed
 CSRC := $(shell find fxmobile -name '*.cpp' -o -name '*.h' 2>/dev/null)
 
-.PHONY: demo test test-slow zoo zoo-quick fuzz-long install clean runtimes
+.PHONY: demo test test-slow zoo zoo-quick fuzz-long install clean runtimes mutants
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -59,3 +59,15 @@ zoo: $(STAMP)
 # The quick subset (seconds; `make test` runs it too, as tests/test_zoo_runner.py).
 zoo-quick: $(STAMP)
 	$(PY) -m model_zoo_checks --quick $(ZOO_ARGS)
+
+# Mutation testing of the passes (README, "How it is checked"): mutmut, configured in
+# pyproject.toml's [tool.mutmut], plants one small change at a time in fxmobile/passes,
+# fxmobile/script and the backends' passes, and runs the tests that called the changed function.
+# One worker (the machine is shared). Results accumulate in mutants/: a second run retests only
+# the functions that changed (delete mutants/ for a fresh run). MUTANTS='fxmobile.script.fuse_clamp*'
+# runs some; `.venv/bin/mutmut show NAME` prints a mutant's diff, `mutmut results` the survivors.
+# The score per module (tests/mutation_score.py) is over the mutants that ran.
+MUTANTS ?=
+mutants: $(STAMP)
+	OMP_NUM_THREADS=1 $(VENV)/bin/mutmut run --max-children 1 $(MUTANTS)
+	$(PY) tests/mutation_score.py mutants

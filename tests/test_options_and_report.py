@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from fxmobile import MobileOptimizerType
 from fxmobile.infra import PassResult
 from fxmobile.options import normalize_blocklist
 from fxmobile.passes.stage import FxContext, FxPass
-from fxmobile.report import Status
+from fxmobile.report import Stage, Status
 from tests.helpers import run_fx_passes
 
 
@@ -156,3 +157,85 @@ def test_file_size_is_measured_when_read_or_saved(tmp_path: object) -> None:
     assert result.report.to_dict()["file_bytes"] == path.stat().st_size
     # the archive's folder is named after the file, so sizes differ by a few bytes per entry
     assert measured is not None and abs(measured - path.stat().st_size) < 1024
+
+
+class _DropoutPlusZero(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+        self.drop = nn.Dropout()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc(x)) + 0
+
+
+def _cells(line: str) -> list[str]:
+    return re.split(r"\s{2,}", line.strip())
+
+
+def _pass_rows(text: str) -> dict[str, list[str]]:
+    """The pass table's rows by pass name: the lines between the dashes and the first blank."""
+    lines = text.split("\n\n")[1].splitlines()
+    assert set(lines[1]) <= {"-", " "}
+    return {_cells(line)[1]: _cells(line) for line in lines[2:]}
+
+
+def test_text_table_has_its_columns_in_order_with_each_records_values() -> None:
+    blocklist = {MobileOptimizerType.FOLD_CONSTANTS}
+    report = fxmobile.optimize_fx(_DropoutPlusZero().eval(), blocklist=blocklist).report
+    text = str(report)
+    assert text.splitlines()[0] == "fxmobile report: _DropoutPlusZero"
+    assert _cells(text.split("\n\n")[1].splitlines()[0]) == [
+        "stage",
+        "pass",
+        "blocklist member",
+        "rewrites",
+        "nodes",
+        "params",
+        "ms",
+        "skipped (reason ×count)",
+    ]
+    rows = _pass_rows(text)
+    assert list(rows) == [r.name for r in report.passes]
+    dropout, identity = rows["remove_dropout"], rows["remove_identity"]
+    # 48 B: the Linear's 12 float32 parameters; the dropout module's node went
+    assert dropout[:6] == ["fx", "remove_dropout", "REMOVE_DROPOUT", "1", "3 → 2", "48 B → 48 B"]
+    assert len(dropout) == 7  # nothing skipped
+    assert identity[:6] == ["fx", "remove_identity", "REMOVE_IDENTITY", "0", "2 → 2", "48 B → 48 B"]
+    assert identity[7:] == ["input dtype unknown (pass example_inputs) ×1"]
+    for name, row in (("remove_dropout", dropout), ("remove_identity", identity)):
+        ms = report.record(name).seconds * 1000
+        assert float(row[6]) == pytest.approx(ms, abs=0.051)
+    assert rows["fold_constants"] == ["fx", "fold_constants", "FOLD_CONSTANTS", "blocklisted"]
+
+
+class _WithExport(_DropoutPlusZero):
+    @torch.jit.export
+    def twice(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * 2
+
+
+def test_preserved_methods_skip_the_fx_stage_and_the_report_says_so() -> None:
+    model = _WithExport().eval()
+    x = torch.randn(2, 3)
+    result = fxmobile.optimize(model, preserved_methods=["twice"], example_inputs=x)
+    note = (
+        "FX stage skipped: torch.fx traces forward only, and preserved methods need the "
+        "scripted original"
+    )
+    assert result.report.notes == [note]
+    assert {r.stage for r in result.report.passes} == {Stage.SCRIPT}
+    text = str(result.report)
+    assert text.endswith(f"note: {note}")
+    rows = _pass_rows(text)
+    assert rows["freeze"][:3] == ["script", "freeze", "—"]  # no member switches it off
+    assert rows["fold_prepacking"][:4] == [
+        "script",
+        "fold_prepacking",
+        "INSERT_FOLD_PREPACK_OPS",
+        "2",
+    ]
+    torch.testing.assert_close(result.module.twice(x), model.twice(x))
+    # the same model without preserved methods goes through the FX stage, without the note
+    plain = fxmobile.optimize(model, example_inputs=x).report
+    assert Stage.FX in {r.stage for r in plain.passes} and note not in plain.notes

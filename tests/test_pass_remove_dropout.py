@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from fxmobile.passes.remove_dropout import DROPOUT_FUNCTIONS, DROPOUT_MODULES, RemoveDropout
+from fxmobile.passes.remove_dropout import RemoveDropout
 from fxmobile.passes.stage import FxContext
 from tests.helpers import assert_equivalent, count_calls, count_modules
 
@@ -20,13 +20,37 @@ def _run(model: nn.Module) -> tuple[fx.GraphModule, int, dict[str, int]]:
     return gm, result.rewrites, result.skips
 
 
+# Written out here, not read from the pass's own tables: a kind dropped from those tables must
+# fail these tests.
+MODULES = [
+    nn.Dropout,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
+    nn.AlphaDropout,
+    nn.FeatureAlphaDropout,
+]
+FUNCTIONS = [
+    F.dropout,
+    F.dropout1d,
+    F.dropout2d,
+    F.dropout3d,
+    F.alpha_dropout,
+    F.feature_alpha_dropout,
+    torch.dropout,
+    torch.alpha_dropout,
+    torch.feature_dropout,
+    torch.feature_alpha_dropout,
+]
+
+
 def _input_for(kind: object) -> torch.Tensor:
     """Dropout1d and Dropout3d check their input's rank even in eval mode."""
     rank = {nn.Dropout1d: 3, nn.Dropout3d: 5, F.dropout1d: 3, F.dropout3d: 5}.get(kind, 4)
     return torch.randn(2, 3, *([4] * (rank - 2)))
 
 
-@pytest.mark.parametrize("kind", DROPOUT_MODULES)
+@pytest.mark.parametrize("kind", MODULES)
 def test_every_dropout_module_is_removed(kind: type[nn.Module]) -> None:
     model = nn.Sequential(nn.ReLU(), kind(0.3), nn.Hardtanh()).eval()  # type: ignore[call-arg]
     gm, rewrites, _ = _run(model)
@@ -51,7 +75,7 @@ class Functional(nn.Module):
         return self.fn(x, 0.5, training=self.training) + 1  # type: ignore[operator]
 
 
-@pytest.mark.parametrize("fn", list(DROPOUT_FUNCTIONS), ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=lambda f: f.__name__)
 def test_functional_dropout_with_training_false_is_removed(fn: object) -> None:
     model = Functional(fn).eval()
     gm, rewrites, _ = _run(model)
@@ -68,6 +92,82 @@ def test_functional_dropout_defaulting_to_training_is_kept_and_reported() -> Non
     gm, rewrites, skips = _run(DefaultTraining().eval())
     assert rewrites == 0 and count_calls(gm, F.dropout) == 1
     assert skips == {"functional dropout with training not constant False": 1}
+
+
+# function -> whether it drops when ``training`` is not passed (F.alpha_dropout and
+# F.feature_alpha_dropout default to training=False, the others to True; torch's own functions
+# take it positionally with no default, so a call without it is assumed to drop)
+DEFAULT_DROPS = {
+    F.dropout: True,
+    F.dropout1d: True,
+    F.dropout2d: True,
+    F.dropout3d: True,
+    F.alpha_dropout: False,
+    F.feature_alpha_dropout: False,
+    torch.dropout: True,
+    torch.alpha_dropout: True,
+    torch.feature_dropout: True,
+    torch.feature_alpha_dropout: True,
+}
+
+
+def _call_without_training(fn: object) -> fx.GraphModule:
+    """``fn(x, 0.5) + 1`` built by hand: symbolic tracing writes every default out, another
+    tracer or a hand-made graph need not."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    dropped = graph.call_function(fn, (x, 0.5))  # type: ignore[arg-type]
+    graph.output(graph.call_function(torch.add, (dropped, 1)))
+    return fx.GraphModule(nn.Module(), graph)
+
+
+@pytest.mark.parametrize("fn", list(DEFAULT_DROPS), ids=lambda f: f"{f.__module__}.{f.__name__}")
+def test_functional_dropout_without_a_training_argument_follows_its_default(fn: object) -> None:
+    gm = _call_without_training(fn)
+    result = RemoveDropout().call(gm, FxContext())
+    gm.recompile()
+    if DEFAULT_DROPS[fn]:
+        assert result.rewrites == 0 and count_calls(gm, fn) == 1
+        assert result.skips == {"functional dropout with training not constant False": 1}
+    else:
+        assert result.rewrites == 1 and count_calls(gm, fn) == 0 and result.skips == {}
+        x = _input_for(fn)
+        assert torch.equal(gm(x), x + 1)
+
+
+def test_symbolic_tracing_writes_the_default_out() -> None:
+    class Defaults(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.alpha_dropout(x, 0.5) + F.dropout(x, 0.5)
+
+    gm, rewrites, skips = _run(Defaults().eval())
+    assert rewrites == 1 and count_calls(gm, F.alpha_dropout) == 0
+    assert skips == {"functional dropout with training not constant False": 1}
+
+
+class Keywords(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.dropout(x, p=0.5, training=False) + torch.dropout(x, 0.5, train=False)
+        return y + F.dropout(input=x, training=False)
+
+
+def test_functional_dropout_with_training_false_by_keyword_is_removed() -> None:
+    gm, rewrites, skips = _run(Keywords().eval())
+    assert rewrites == 3 and skips == {}
+    assert count_calls(gm, F.dropout) == count_calls(gm, torch.dropout) == 0
+    assert_equivalent(Keywords(), gm, torch.randn(2, 3))
+
+
+class TrainingFromInput(nn.Module):
+    def forward(self, x: torch.Tensor, training: bool) -> torch.Tensor:
+        return F.dropout(x, 0.5, training)
+
+
+def test_functional_dropout_with_a_training_flag_from_the_input_is_kept() -> None:
+    gm = fx.symbolic_trace(TrainingFromInput(), concrete_args=None)
+    result = RemoveDropout().call(gm, FxContext())
+    assert result.rewrites == 0
+    assert result.skips == {"functional dropout with training not constant False": 1}
 
 
 def test_dropout_module_left_in_training_mode_is_kept() -> None:
@@ -96,7 +196,7 @@ class NeverDrops(nn.Module):
         return torch.relu_(dropped), y
 
 
-@pytest.mark.parametrize("fn", list(DROPOUT_FUNCTIONS), ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=lambda f: f.__name__)
 def test_dropout_that_never_drops_is_removed_in_training_mode_too(fn: object) -> None:
     model = NeverDrops(fn).eval()
     gm, rewrites, _ = _run(model)

@@ -118,3 +118,21 @@ def test_identity_whose_source_is_written_later_is_kept() -> None:
     gm, rewrites, _ = _run(InputWrittenLater(), x)
     assert rewrites == 0
     assert torch.equal(gm(x.clone()), InputWrittenLater()(x.clone()))
+
+
+class BoolArithmetic(nn.Module):
+    """``x * 1`` on a bool tensor is an int64 tensor: ``~`` then flips bits, not truth."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return ~(x * 1), (x + 0) - 1, torch.mul(x, 1).sum()
+
+
+def test_neutral_integer_arithmetic_on_bool_is_kept() -> None:
+    x = torch.tensor([True, False, True])
+    gm, rewrites, skips = _run(BoolArithmetic(), x)
+    assert rewrites == 0
+    assert skips == {"scalar would promote torch.bool": 3}
+    for got, expected in zip(gm(x), BoolArithmetic()(x), strict=True):
+        assert got.dtype == expected.dtype == torch.int64
+        assert torch.equal(got, expected)
+    assert torch.equal(gm(x)[0], torch.tensor([-2, -1, -2]))  # not [False, True, False]

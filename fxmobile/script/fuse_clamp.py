@@ -9,11 +9,13 @@
     clamp / clamp_ (Scalar) -> lo = min, hi = max        (upstream misses these)
     clamp_min / clamp_max   -> one-sided                 (upstream misses these)
 
-It gives up, and says why, when the bounds are not constants, when they cross (lo > hi), when
-the prepack op's bounds are already set (clamping twice is not one clamp with the second's
-bounds: upstream's #35705), when the run's output has another user besides the activation
-(it needs the unclamped values), or when one packed context feeds several runs (clamping it
-would clamp the other runs too). Each backend says which of its ops take a clamp.
+It gives up, and says why, when the bounds are not constants, when they cross (lo > hi) or meet
+(lo == hi: XNNPACK's prepack ops refuse ``output_max == output_min``; a clamp that pins every
+value is not worth a rule per backend), when the prepack op's bounds are already set (clamping
+twice is not one clamp with the second's bounds: upstream's #35705), when the run's output
+has another user besides the activation (it needs the unclamped values), or when one packed
+context feeds several runs (clamping it would clamp the other runs too). Each backend says
+which of its ops take a clamp.
 """
 
 from __future__ import annotations
@@ -79,6 +81,8 @@ def activation_bounds(node: torch._C.Node) -> tuple[Any, Any] | str | None:
         return None
     if lo is not None and hi is not None and lo > hi:
         return f"{kind} bounds cross (min > max)"
+    if lo is not None and hi is not None and lo == hi:
+        return f"{kind} bounds meet (min == max)"
     return lo, hi
 
 

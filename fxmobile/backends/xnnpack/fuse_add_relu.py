@@ -4,14 +4,22 @@ relu(add(a, b, alpha))    -> _add_relu(a, b, alpha)
 relu_(add(a, b, alpha))   -> _add_relu(a, b, alpha)
 relu_(add_(a, b, alpha))  -> _add_relu_(a, b, alpha)
 
-torch's rewrite places the fused node without regard to aliasing, and ``_add_relu`` clamps in
-its first operand's dtype: a method where that could change a result is left alone, with the
-reason (``why_not_fuse``; aliasing is traced through views by ``fxmobile.script.aliasing``).
-The resnet pattern ``relu_(out += identity)`` writes only a tensor nothing else reads and
-still fuses.
+torch's rewrite places the fused node without regard to aliasing, and ``_add_relu`` clamps
+with its first operand's dtype's bounds while it computes in the promoted dtype: a method where
+that could change a result is left alone, with the reason (``why_not_fuse``; aliasing is traced
+through views by ``fxmobile.script.aliasing``). An add fuses only when its first operand is
+known to be of the add's result dtype, one ``_add_relu`` supports (float32, float64, int8-64):
+from the graph's types where it has them, or else from one run of ``forward`` on the example
+inputs that returns each top-level add's operands (``probed_operands``). A frozen graph records
+no dtypes (freezing erases even a traced graph's), so without example inputs its adds stay
+unfused. The resnet pattern
+``relu_(out += identity)`` writes only a tensor nothing else reads and still fuses.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -25,8 +33,12 @@ from fxmobile.script.stage import ScriptContext, ScriptPass
 ALIASED = "method left alone: an add reads memory that another op writes in place"
 READ_ELSEWHERE = "method left alone: an add_ writes a tensor that another op reads"
 MIXED_DTYPES = "method left alone: an add's first operand is a constant or of another dtype"
+UNKNOWN_DTYPES = "method left alone: an add's operand dtypes are unknown (pass example_inputs)"
+# What _add_relu has bounds for (any other first operand fails an INTERNAL ASSERT)
+SUPPORTED = (torch.float32, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64)
 _FUSED = {"aten::_add_relu", "aten::_add_relu_"}
 _ADDS = ("aten::add", "aten::add_")
+_RELUS = ("aten::relu", "aten::relu_")
 
 
 class FuseAddRelu(ScriptPass):
@@ -38,8 +50,11 @@ class FuseAddRelu(ScriptPass):
     ) -> PassResult[torch.jit.ScriptModule]:
         before = count_kinds(module, ctx.methods, _FUSED)
         skips: dict[str, int] = {}
+        probed: dict[torch._C.Value, Any] = {}
+        if ctx.example_inputs is not None and "forward" in ctx.methods:
+            probed = probed_operands(module, ctx.example_inputs)
         for graph in method_graphs(module, ctx.methods):
-            reason = why_not_fuse(graph)
+            reason = why_not_fuse(graph, probed)
             if reason:
                 skips[reason] = skips.get(reason, 0) + 1
             else:
@@ -48,15 +63,16 @@ class FuseAddRelu(ScriptPass):
         return PassResult(module, fused, skips)
 
 
-def why_not_fuse(graph: torch._C.Graph) -> str | None:
-    """Why torch's rewrite may not run on ``graph``, or None when every add in it is safe.
+def why_not_fuse(graph: torch._C.Graph, probed: Mapping[torch._C.Value, Any]) -> str | None:
+    """Why torch's rewrite may not run on ``graph``, or None when every add in it is safe;
+    ``probed`` holds operand values seen in a run (``probed_operands``).
 
     The rewrite places the fused node right after its last input is defined, which can be
     before other ops that write or read the add's operands (it moved ``_add_relu_(x, c)``
     above a ``relu(x)`` that had read ``x`` before the ``add_``: found by the fuzzer). And
     ``_add_relu`` clamps in its first operand's dtype: a float64 0-dim first operand of a
     float32 add fails with "value cannot be converted to type float without overflow", an
-    integer one would clamp at its maximum.
+    integer one would clamp at its maximum, a bool one fails an INTERNAL ASSERT.
     """
     nodes = list(iter_nodes(graph))
     adds = [n for n in nodes if n.kind() in _ADDS]
@@ -64,9 +80,14 @@ def why_not_fuse(graph: torch._C.Graph) -> str | None:
         return None
     written = written_roots(graph)
 
+    dtypes_known = {n: _first_operand_keeps_its_dtype(n, probed) for n in adds if _fusable(n)}
+
     def mixed(node: torch._C.Node) -> bool:
-        a, b = list(node.inputs())[:2]
-        return a.node().kind() == "prim::Constant" or _dtypes_differ(a, b)
+        constant = node.inputsAt(0).node().kind() == "prim::Constant"
+        return constant or dtypes_known.get(node, True) is False
+
+    def unknown(node: torch._C.Node) -> bool:
+        return node in dtypes_known and dtypes_known[node] is None
 
     def own_write(node: torch._C.Node) -> torch._C.Value | None:
         """add_ writes its own first input: that write is the pattern's, not another op's."""
@@ -87,6 +108,7 @@ def why_not_fuse(graph: torch._C.Graph) -> str | None:
 
     for check, reason in (
         (mixed, MIXED_DTYPES),
+        (unknown, UNKNOWN_DTYPES),
         (aliased, ALIASED),
         (read_elsewhere, READ_ELSEWHERE),
     ):
@@ -95,8 +117,73 @@ def why_not_fuse(graph: torch._C.Graph) -> str | None:
     return None
 
 
-def _dtypes_differ(a: torch._C.Value, b: torch._C.Value) -> bool:
-    """Both are tensors whose dtypes the graph knows, and they differ."""
-    types = [v.type() for v in (a, b)]
-    dtypes = [t.scalarType() if isinstance(t, torch._C.TensorType) else None for t in types]
-    return None not in dtypes and dtypes[0] != dtypes[1]
+def _fusable(node: torch._C.Node) -> bool:
+    """An add whose result a relu reads: what torch's rewrite may fuse."""
+    return node.kind() in _ADDS and any(u.user.kind() in _RELUS for u in node.output().uses())
+
+
+def _first_operand_keeps_its_dtype(
+    node: torch._C.Node, probed: Mapping[torch._C.Value, Any]
+) -> bool | None:
+    """Whether the add's first operand is of its result dtype and one ``_add_relu`` supports;
+    None when that is unknown."""
+    a, b = node.inputsAt(0), node.inputsAt(1)
+    if a in probed and b in probed:
+        first, other = probed[a], probed[b]
+    else:
+        # from the graph's types, which give no dims: a tensor's dtype promotes according to
+        # them (float64 0-dim + float32 1-D is float32), so only an equal one is trusted
+        first, other = _sample(a), _sample(b)
+        if first is None or other is None:
+            return None
+        if isinstance(other, torch.Tensor) and getattr(first, "dtype", None) != other.dtype:
+            return False
+    if not isinstance(first, torch.Tensor) or first.dtype not in SUPPORTED:
+        return False
+    return torch.result_type(first, other) == first.dtype
+
+
+def _sample(value: torch._C.Value) -> torch.Tensor | bool | int | float | None:
+    """A value of the dtype or number kind the graph gives ``value``, or None when it does not
+    say."""
+    kind = value.type()
+    if isinstance(kind, torch._C.TensorType):
+        dtype = kind.dtype()
+        return None if dtype is None else torch.empty(1, dtype=dtype)
+    numbers: dict[Any, bool | int | float] = {
+        torch._C.BoolType: True, torch._C.IntType: 1, torch._C.FloatType: 1.0
+    }  # fmt: skip
+    return numbers.get(type(kind))
+
+
+def probed_operands(
+    module: torch.jit.ScriptModule, inputs: Sequence[Any]
+) -> dict[torch._C.Value, Any]:
+    """The operands of each top-level add in ``forward``, from one run on ``inputs`` (a copy of
+    the graph that also returns them); empty when the run fails."""
+    graph = module._c._get_method("forward").graph
+    probe = graph.copy()
+    originals, copies = [], []
+    for node, copied in zip(graph.nodes(), probe.nodes(), strict=True):
+        if _fusable(node):
+            originals += list(node.inputs())[:2]
+            copies += list(copied.inputs())[:2]
+    if not originals:
+        return {}
+    ret = probe.return_node()
+    outputs = list(ret.inputs())
+    packed = probe.create("prim::TupleConstruct", [*outputs, *copies])
+    packed.output().setType(torch._C.TupleType([v.type() for v in [*outputs, *copies]]))
+    packed.insertBefore(ret)
+    for _ in outputs:
+        ret.removeInput(0)
+    ret.addInput(packed.output())
+    try:
+        fn = torch._C._create_function_from_graph("fxmobile_add_operands", probe)
+        with torch.no_grad():
+            found = fn(
+                module._c, *[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+            )
+    except Exception:
+        return {}
+    return dict(zip(originals, found[len(outputs) :], strict=True))

@@ -1,6 +1,14 @@
-"""The TorchScript stage's BatchNorm and convolution passes: fold_batchnorm,
-decompose_batchnorm and canonicalize_convolutions, alone and end to end on scripted and traced
-models (the routes where the FX stage's own fold never ran)."""
+"""fold_batchnorm: a BatchNorm folded into the conv, transposed conv or linear before it, in the
+frozen graph.
+
+    batch_norm(producer(x, W, b))  ->  producer(x, W', b')   W' = W * s,  b' = b * s + t
+
+Counts of ``aten::batch_norm`` (gone) and of the producers (kept), numerics against a float64
+eager reference with random BatchNorm statistics, and what is left alone with its reason: a
+producer whose output is read elsewhere or by two BatchNorms, a rank that is unknown or not the
+producer's channels, something else before it, training mode. End to end, the idioms that
+reached the TorchScript stage with their BatchNorms on the scripted and eager routes.
+"""
 
 from __future__ import annotations
 
@@ -10,31 +18,16 @@ import torch.nn.functional as F
 from torch import nn
 
 import fxmobile
-from fxmobile.script.canonicalize_convolutions import CanonicalizeConvolutions
-from fxmobile.script.decompose_batchnorm import DecomposeBatchNorm
 from fxmobile.script.fold_batchnorm import FoldBatchNorm
-from fxmobile.script.freeze import freeze
-from fxmobile.script.graph_utils import count_kinds, op_histogram
+from fxmobile.script.graph_utils import op_histogram
 from fxmobile.script.scripting import quietly_script
-from fxmobile.script.stage import ScriptContext
 from tests.helpers import assert_equivalent, randomize_batchnorm
-
-NO_INPUTS = ScriptContext(("forward",), ())
-
-
-def frozen(model: nn.Module) -> torch.jit.ScriptModule:
-    return freeze(quietly_script(model.eval()), [])
+from tests.script.common import CTX as NO_INPUTS
+from tests.script.common import frozen, kinds, with_inputs
 
 
 def batchnorms(module: torch.jit.ScriptModule) -> int:
-    return count_kinds(module, ["forward"], {"aten::batch_norm"})
-
-
-def with_inputs(*inputs: torch.Tensor) -> ScriptContext:
-    return ScriptContext(("forward",), (), inputs)
-
-
-# --- fold_batchnorm -------------------------------------------------------------------------
+    return kinds(module)["aten::batch_norm"]
 
 
 @pytest.mark.parametrize(
@@ -146,6 +139,53 @@ def test_a_linear_batchnorm_on_a_3d_output_is_not_folded() -> None:
     assert result.skips == {"aten::linear output is 3-D: BN normalizes dim 1, not its channels": 1}
 
 
+def test_a_batchnorm_without_affine_parameters_folds() -> None:
+    model = randomize_batchnorm(
+        nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4, affine=False))
+    ).eval()
+    result = FoldBatchNorm().call(frozen(model), NO_INPUTS)
+    assert (result.rewrites, batchnorms(result.unit), kinds(result.unit)["aten::conv2d"]) == (
+        1,
+        0,
+        1,
+    )
+    assert_equivalent(model, result.unit, torch.randn(2, 3, 4, 4))
+
+
+def test_a_batchnorm_after_something_else_is_left_to_decompose() -> None:
+    model = randomize_batchnorm(nn.Sequential(nn.Conv2d(3, 4, 1), nn.ReLU(), nn.BatchNorm2d(4)))
+    result = FoldBatchNorm().call(frozen(model.eval()), NO_INPUTS)
+    assert result.rewrites == 0
+    assert result.skips == {"BN input comes from aten::relu, not a conv or linear": 1}
+    assert batchnorms(result.unit) == 1
+
+
+def test_each_folded_batchnorm_of_a_model_counts_once() -> None:
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4)
+    )
+    model = randomize_batchnorm(model).eval()
+    x = torch.randn(1, 3, 6, 6)
+    result = FoldBatchNorm().call(frozen(model), NO_INPUTS)
+    assert (result.rewrites, batchnorms(result.unit), kinds(result.unit)["aten::conv2d"]) == (
+        2,
+        0,
+        2,
+    )
+    assert_equivalent(model, result.unit, x)
+
+
+def test_the_folded_weight_keeps_the_producers_dtype() -> None:
+    model = randomize_batchnorm(nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4))).eval()
+    model = model.double()
+    result = FoldBatchNorm().call(frozen(model), NO_INPUTS)
+    (conv,) = [n for n in result.unit.graph.nodes() if n.kind() == "aten::conv2d"]
+    assert conv.inputsAt(1).toIValue().dtype == torch.float64
+    assert conv.inputsAt(2).toIValue().dtype == torch.float64
+    x = torch.randn(1, 3, 4, 4, dtype=torch.float64)
+    torch.testing.assert_close(result.unit(x), model(x), rtol=1e-12, atol=1e-12)
+
+
 class FunctionalTrainingBatchNorm(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -157,54 +197,12 @@ class FunctionalTrainingBatchNorm(nn.Module):
         return F.batch_norm(self.conv(x), self.mean, self.var, training=True)
 
 
-def test_a_batchnorm_in_training_mode_is_left_alone_by_both_passes() -> None:
+def test_a_batchnorm_in_training_mode_is_left_alone() -> None:
     model = FunctionalTrainingBatchNorm().eval()
     module = frozen(model)
     reason = {"BN in training mode, or its training flag is not a constant": 1}
     assert FoldBatchNorm().call(module, NO_INPUTS).skips == reason
-    assert DecomposeBatchNorm().call(module, NO_INPUTS).skips == reason
     assert batchnorms(module) == 1
-
-
-# --- decompose_batchnorm --------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("shape", [(3, 4), (2, 4, 7)], ids=["2d", "3d"])
-def test_a_batchnorm_of_unknown_rank_decomposes_into_a_form_right_for_every_rank(
-    shape: tuple[int, ...],
-) -> None:
-    model = randomize_batchnorm(nn.Sequential(nn.ReLU(), nn.BatchNorm1d(4))).eval()
-    result = DecomposeBatchNorm().call(frozen(model), NO_INPUTS)
-    assert (result.rewrites, batchnorms(result.unit)) == (1, 0)
-    hist = op_histogram(result.unit, ["forward"])
-    assert hist["aten::mul"] == hist["aten::add"] == hist["aten::view_as"] == 1
-    assert_equivalent(model, result.unit, torch.randn(shape))
-
-
-def test_a_batchnorm_of_known_rank_decomposes_into_one_multiply_add() -> None:
-    model = randomize_batchnorm(nn.Sequential(nn.ReLU(), nn.BatchNorm2d(4))).eval()
-    x = torch.randn(2, 4, 5, 5)
-    result = DecomposeBatchNorm().call(frozen(model), with_inputs(x))
-    hist = op_histogram(result.unit, ["forward"])
-    assert (hist["aten::mul"], hist["aten::add"], hist.get("aten::view_as", 0)) == (1, 1, 0)
-    assert_equivalent(model, result.unit, x)
-
-
-# --- canonicalize_convolutions --------------------------------------------------------------
-
-
-def test_a_traced_convolution_becomes_an_aten_conv() -> None:
-    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ConvTranspose2d(4, 2, 2, 2)).eval()
-    x = torch.randn(1, 3, 6, 6)
-    with torch.no_grad():
-        traced = torch.jit.freeze(torch.jit.trace(model, x), optimize_numerics=False)
-    assert count_kinds(traced, ["forward"], {"aten::_convolution"}) == 2
-    result = CanonicalizeConvolutions().call(traced, NO_INPUTS)
-    hist = op_histogram(result.unit, ["forward"])
-    assert result.rewrites == 2
-    assert (hist["aten::conv2d"], hist["aten::conv_transpose2d"]) == (1, 1)
-    assert "aten::_convolution" not in hist
-    assert_equivalent(model, result.unit, x)
 
 
 # --- end to end: the routes the FX stage's fold never sees ----------------------------------
