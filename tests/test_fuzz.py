@@ -39,10 +39,12 @@ from torch import fx, nn
 import fxmobile
 from fxmobile.report.records import PassRecord, Status
 from fxmobile.report.records import Stage as RecordStage
+from tests.fuzz.build import build
 from tests.fuzz.check import FUZZ, STAGES, Stage, check_model, report_coverage
-from tests.fuzz.models import Block, Kind, Layout, ModelSpec, Value, build, model_specs
+from tests.fuzz.draw import model_specs
 from tests.fuzz.oracle import RoundingJitter, assert_close_to_anchor, leaves, results, run
 from tests.fuzz.programs import batch_statistics_after_a_bn_chain
+from tests.fuzz.spec import Block, Kind, Layout, ModelSpec, Value
 from tests.fuzz.structure import check_structure
 from tests.test_no_mutation import ModelSnapshot, assert_outputs_identical
 

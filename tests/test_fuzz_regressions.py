@@ -15,13 +15,13 @@ import fxmobile
 from fxmobile.backends.xnnpack.fuse_add_relu import ALIASED, MIXED_DTYPES, READ_ELSEWHERE
 from fxmobile.report.records import Stage as RecordStage
 from tests.fuzz.check import HAS_SCRIPT_STAGE, Stage, check_model
-from tests.fuzz.models import ModelSpec
 from tests.fuzz.oracle import assert_acts_like_eager
 from tests.fuzz.programs import (
     batch_statistics_after_a_bn_chain,
     batch_statistics_of_a_clamp_in_place,
     batch_statistics_of_clamped_values,
 )
+from tests.fuzz.spec import ModelSpec
 from tests.helpers import assert_equivalent
 
 

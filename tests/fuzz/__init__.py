@@ -1,7 +1,8 @@
 """Differential fuzzing of fxmobile: random valid eager models, optimized and checked against eager.
 
-- ``models``: the generator (hypothesis strategies drawing only valid models, and the
-  ``FuzzModel`` that runs a drawn program);
+- the generator: ``spec`` (what a drawn model is: values, blocks, the program), ``draw`` (the
+  hypothesis strategies, which draw only valid models) and ``build`` (``FuzzModel``, the eager
+  model that runs a program);
 - ``oracle``: the float64 anchor and the rounding-noise bound the optimized model must meet;
 - ``structure``: what the passes that ran promise about the optimized graph;
 - ``check``: one model through one stage (``check_model``), and the hypothesis settings;

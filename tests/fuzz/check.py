@@ -21,13 +21,14 @@ from torch import nn
 import fxmobile
 from fxmobile.backends.library import ExtensionUnavailableError
 from fxmobile.passes.pipeline import fx_pipeline
-from tests.fuzz.models import PRODUCERS, Kind, ModelSpec, build, example_input
+from tests.fuzz.build import build
 from tests.fuzz.oracle import (
     assert_close_to_anchor,
     in_dtype,
     results,
     rounding_noise,
 )
+from tests.fuzz.spec import PRODUCERS, Kind, ModelSpec, example_input
 from tests.fuzz.structure import _has_running_stats, check_structure, foldable_into_producer
 from tests.test_no_mutation import (
     ModelSnapshot,

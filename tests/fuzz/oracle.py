@@ -18,7 +18,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
-from tests.fuzz.models import Kind, Layout, ModelSpec, example_input
+from tests.fuzz.spec import Kind, Layout, ModelSpec, example_input
 
 
 def run(

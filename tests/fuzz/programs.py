@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from tests.fuzz.models import Block, Kind, Layout, ModelSpec, Value
+from tests.fuzz.spec import Block, Kind, Layout, ModelSpec, Value
 
 
 def _unit_stride_conv(out_channels: int, kernel: tuple[int, int], **extra: Any) -> dict[str, Any]:

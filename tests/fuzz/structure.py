@@ -19,7 +19,8 @@ from torch import fx, nn
 import fxmobile
 from fxmobile.report.records import Stage as RecordStage
 from fxmobile.report.records import Status
-from tests.fuzz.models import PRODUCERS, Block, FuzzModel, Kind, ModelSpec, attr_base
+from tests.fuzz.build import FuzzModel
+from tests.fuzz.spec import PRODUCERS, Block, Kind, ModelSpec, attr_base
 from tests.helpers import count_modules
 
 DROPOUT_MODULE_TYPES = (
