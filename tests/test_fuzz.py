@@ -1,20 +1,24 @@
 """Differential fuzzing: fxmobile's optimized model against eager, on random valid models.
 
-Every model ``tests.fuzz.models.model_specs()`` draws goes through each available stage
-(``optimize_fx``; ``optimize_fx(..., channels_last=True)`` when that adds a pass;
-``fxmobile.optimize(..., backend="CPU")``, both stages, when it exists) and must:
+Every model ``tests.fuzz.draw.model_specs()`` draws goes through each stage (``optimize_fx``;
+``optimize_fx(..., channels_last=True)``; ``fxmobile.optimize(..., backend="CPU")``, both
+stages), with fxmobile's own gate set to warn (``check="warn"``: the oracle here is the judge,
+and the gate's message, naming the first pass that diverged, is shown with any failure), and
+must:
 
 - compute what eager computes, in eager's dtype, within the rounding bound of
   ``assert_close_to_anchor`` (float64 anchor);
 - compute the same on a second call, and do to its input what eager does (in-place ops);
-- show the structure its FX passes promise: no dropout left, a BN that normalizes by batch
-  statistics left alone, a BN right after a conv / linear that only it reads folded, a
-  ``conv(x) * 2`` folded, a module still called at several sites untouched (each check
-  switches on when its pass shows in the report);
+- show the structure its passes promise: in the FX stages no dropout left, a BN that
+  normalizes by batch statistics left alone, a BN right after a conv / linear that only it
+  reads folded, a ``conv(x) * 2`` folded, a module still called at several sites untouched;
+  in the CPU module no BN on running statistics, no dropout, no conv2d / linear left unpacked,
+  clamps fused where they can be (``tests.fuzz.script_structure``);
 - leave the caller's model and example inputs exactly as they were and share no storage
   with the model;
-- or refuse with an ``FxMobileError`` that names the problem. A ``PassError`` (a pass crashed),
-  a ``NumericsError`` and any other exception are failures.
+- or be refused, only where the README documents refusing such a model
+  (``tests.fuzz.expect``): any other refusal, crash or exception is a failure. fxmobile's gate
+  may fail a correct model only where eager's rounding noise reaches its tolerance.
 
 Profiles: ``make test`` runs 500 models per stage, derandomized (the same models every run).
 ``FXMOBILE_FUZZ_EXAMPLES=20000`` (``make fuzz-long``) runs that many, with a fresh random seed
@@ -39,11 +43,13 @@ from torch import fx, nn
 import fxmobile
 from fxmobile.report.records import PassRecord, Status
 from fxmobile.report.records import Stage as RecordStage
+from fxmobile.script.fuse_clamp import FuseClamp
 from tests.fuzz.build import build
 from tests.fuzz.check import FUZZ, STAGES, Stage, check_model, report_coverage
 from tests.fuzz.draw import model_specs
 from tests.fuzz.oracle import RoundingJitter, assert_close_to_anchor, leaves, results, run
 from tests.fuzz.programs import batch_statistics_after_a_bn_chain
+from tests.fuzz.script_structure import check_script_structure
 from tests.fuzz.spec import Block, Kind, Layout, ModelSpec, Value
 from tests.fuzz.structure import check_structure
 from tests.test_no_mutation import ModelSnapshot, assert_outputs_identical
@@ -149,6 +155,49 @@ def test_structure_checks_see_what_did_not_happen() -> None:
         gm.get_parameter("b0.weight").mul_(2)
     with pytest.raises(AssertionError, match="rewritten in place"):
         check_structure(spec, model, gm, fxmobile.Report("FuzzModel"))
+
+
+def _conv_bn_relu_dropout(dims: int) -> ModelSpec:
+    """conv -> BN (running statistics) -> relu -> dropout, on a ``dims``-D input."""
+    f32 = torch.float32
+    x, y = Value(2, (5,) * dims, f32), Value(3, (5,) * dims, f32)
+    conv = {"out_channels": 3, "kernel": (1,) * dims, "stride": (1,) * dims}
+    conv |= {"padding": (0,) * dims, "dilation": (1,) * dims, "groups": 1, "bias": True}
+    conv |= {"padding_mode": "zeros"}
+    blocks = (
+        Block(Kind.CONV, "module", 0, y, conv),
+        Block(Kind.BATCHNORM, "module", 1, y, {"eps": 1e-5, "affine": True,
+                                               "track_running_stats": True}),
+        Block(Kind.ACTIVATION, "module", 2, y, {"op": "relu", "inplace": False}),
+        Block(Kind.DROPOUT, "module", 3, y, {"fn": "Dropout", "p": 0.5, "inplace": False}),
+    )  # fmt: skip
+    return ModelSpec(x, 1, Layout.CONTIGUOUS, blocks, (4,), 0)
+
+
+@pytest.mark.parametrize(
+    "dims, blocked, message",
+    [
+        (2, {"CONV_BN_FUSION", "DECOMPOSE_BATCHNORM"}, "BatchNorm calls on running statistics"),
+        (2, {"REMOVE_DROPOUT"}, "dropout left"),
+        (2, {"INSERT_FOLD_PREPACK_OPS"}, "left unpacked"),
+        (1, {"CONV_1D_TO_2D"}, "aten::conv1d left"),
+        (2, set(), "clamps not fused"),
+    ],
+    ids=["batchnorm", "dropout", "prepack", "conv1d", "clamp"],
+)
+def test_script_structure_checks_see_what_did_not_happen(
+    dims: int, blocked: set[str], message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the pass that keeps each promise switched off (or, for clamp fusion, made to fuse
+    nothing), the CPU module's structural check fires."""
+    if not blocked:
+        monkeypatch.setattr(FuseClamp, "_fuse", staticmethod(lambda graph, run, slots: ""))
+    spec = _conv_bn_relu_dropout(dims)
+    model = build(spec)
+    blocklist = {fxmobile.MobileOptimizerType[name] for name in blocked}
+    module = fxmobile.optimize(model, blocklist, example_inputs=run(model, spec)[1]).module
+    with pytest.raises(AssertionError, match=message):
+        check_script_structure(spec, module, 0, 0)
 
 
 def test_generated_models_are_valid_and_traceable() -> None:

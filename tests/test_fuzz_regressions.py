@@ -14,7 +14,7 @@ from torch import nn
 import fxmobile
 from fxmobile.backends.xnnpack.fuse_add_relu import ALIASED, MIXED_DTYPES, READ_ELSEWHERE
 from fxmobile.report.records import Stage as RecordStage
-from tests.fuzz.check import HAS_SCRIPT_STAGE, Stage, check_model
+from tests.fuzz.check import Stage, check_model
 from tests.fuzz.oracle import assert_acts_like_eager
 from tests.fuzz.programs import (
     batch_statistics_after_a_bn_chain,
@@ -25,7 +25,6 @@ from tests.fuzz.spec import ModelSpec
 from tests.helpers import assert_equivalent
 
 
-@pytest.mark.skipif(not HAS_SCRIPT_STAGE, reason="needs fxmobile.optimize")
 @pytest.mark.parametrize(
     "program",
     [
@@ -174,7 +173,6 @@ class InPlaceClampThenConv1d(nn.Module):
         return self.conv(y)
 
 
-@pytest.mark.skipif(not HAS_SCRIPT_STAGE, reason="fxmobile.optimize is not exported yet")
 def test_regression_script_conv1d_is_not_moved_past_a_write_to_its_input() -> None:
     """torch's conv1d -> conv2d rewrite put the new conv2d *before* ``hardtanh_(y)``, and the
     write, now unused, was removed as dead code: the conv read the unclamped ``y`` (found by
@@ -231,7 +229,6 @@ class WriteThroughViewThenAddRelu(nn.Module):
         return torch.relu(x + x)
 
 
-@pytest.mark.skipif(not HAS_SCRIPT_STAGE, reason="fxmobile.optimize is not exported yet")
 def test_regression_add_relu_fusion_is_not_moved_before_a_write_to_its_input() -> None:
     """torch's add + relu fusion placed ``_add_relu(x, x)`` before ``unsqueeze(x).add_(c)``, so
     it read ``x`` unwritten (found by the 20,000-model profile, error 0.41 of a scale of 3.5)."""
@@ -254,7 +251,6 @@ class ReadThenAddInPlaceThenRelu(nn.Module):
         return torch.relu_(x.add_(self.c)), before
 
 
-@pytest.mark.skipif(not HAS_SCRIPT_STAGE, reason="fxmobile.optimize is not exported yet")
 def test_regression_add_relu_fusion_is_not_moved_above_a_read_of_what_it_writes() -> None:
     """torch's rewrite placed ``_add_relu_(x, c)`` above ``relu(x)``, which then read the
     written ``x`` (found by the 20,000-model profile: 0.21 off a scale of 1.5)."""
@@ -276,7 +272,6 @@ class ReversedConstantAddThenRelu(nn.Module):
         return torch.relu(self.c + x)
 
 
-@pytest.mark.skipif(not HAS_SCRIPT_STAGE, reason="fxmobile.optimize is not exported yet")
 @pytest.mark.parametrize("dtype", [torch.float64, torch.int64], ids=str)
 def test_regression_add_relu_fusion_leaves_a_constant_first_operand(dtype: torch.dtype) -> None:
     """``_add_relu`` clamps in its first operand's dtype: with a float64 0-dim constant first
@@ -311,7 +306,6 @@ class DropoutThatNeverDropsOnTheInput(nn.Module):
         return self.up(torch.relu(F.relu(F.dropout(x, p=0.0), inplace=True)))
 
 
-@pytest.mark.skipif(not HAS_SCRIPT_STAGE, reason="fxmobile.optimize is not exported yet")
 @pytest.mark.parametrize(
     "model, x",
     [
@@ -347,7 +341,6 @@ class WriteThroughFlattenOfConv(nn.Module):
         return F.hardswish(y)
 
 
-@pytest.mark.skipif(not HAS_SCRIPT_STAGE, reason="fxmobile.optimize is not exported yet")
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
 def test_regression_write_through_flatten_of_a_conv_output(channels_last: bool) -> None:
     """``flatten`` is a view of an NCHW tensor but a copy of a channels-last one. The prepacked
@@ -368,7 +361,6 @@ def test_regression_write_through_flatten_of_a_conv_output(channels_last: bool) 
         }
 
 
-@pytest.mark.skipif(not HAS_SCRIPT_STAGE, reason="fxmobile.optimize is not exported yet")
 @pytest.mark.parametrize("padding", ["same", "valid"])
 def test_regression_script_conv1d_with_string_padding(padding: str) -> None:
     """``Conv1d(padding="same")`` traces to the ``aten::conv1d.padding`` overload (a string);

@@ -101,6 +101,16 @@ def live_values(spec: ModelSpec) -> set[int]:
     return live
 
 
+def needed_batch_stats(spec: ModelSpec) -> int:
+    """BN calls on batch statistics that the outputs are computed from."""
+    live = live_values(spec)
+    return sum(
+        b.kind is Kind.BATCHNORM and not _has_running_stats(b)
+        for i, b in enumerate(spec.blocks)
+        if i + 1 in live
+    )
+
+
 def ran(report: fxmobile.Report, name: str) -> bool:
     return any(
         p.name == name and p.stage is RecordStage.FX and p.status is Status.RAN
@@ -203,10 +213,7 @@ def check_structure(
         assert left == 0, f"{left} functional dropout(s) with training=False or p=0 left"
     running, batch_stats = batchnorm_sites(gm)
     bns = [b for b in blocks if b.kind is Kind.BATCHNORM]
-    live = live_values(spec)
-    needed = sum(
-        not _has_running_stats(b) for i, b in enumerate(blocks) if i + 1 in live and b in bns
-    )
+    needed = needed_batch_stats(spec)
     assert batch_stats >= needed, (
         f"{needed} BN calls that the outputs need normalize by batch statistics in eager, "
         f"{batch_stats} after optimizing (they must be left alone, pytorch/pytorch#71259)"
