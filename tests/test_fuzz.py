@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import copy
 import pickle
+from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -41,17 +43,25 @@ from hypothesis import event, given, settings
 from torch import fx, nn
 
 import fxmobile
-from fxmobile.report.records import PassRecord, Status
+from fxmobile.capture import trace as capture_trace
+from fxmobile.capture.hooks import TRACED, without_hooks
+from fxmobile.report.records import HookRecord, PassRecord, Status
 from fxmobile.report.records import Stage as RecordStage
 from fxmobile.script.fuse_clamp import FuseClamp
 from tests.fuzz.build import build
-from tests.fuzz.check import FUZZ, STAGES, Stage, check_model, report_coverage
+from tests.fuzz.check import DEFAULT_EXAMPLES, FUZZ, STAGES, Stage, check_model, report_coverage
 from tests.fuzz.draw import model_specs
+from tests.fuzz.findings import open_finding
+from tests.fuzz.hooks import HOOKS, hook_calls
+from tests.fuzz.layers import PARAMETRIZATIONS, SUBCLASS_EXTRAS
 from tests.fuzz.oracle import RoundingJitter, assert_close_to_anchor, leaves, results, run
+from tests.fuzz.outputs import OUTPUT_TYPES
 from tests.fuzz.programs import batch_statistics_after_a_bn_chain
 from tests.fuzz.script_structure import check_script_structure
-from tests.fuzz.spec import Block, Kind, Layout, ModelSpec, Value
-from tests.fuzz.structure import check_structure
+from tests.fuzz.spec import Block, HookSpec, Kind, Layout, ModelSpec, Value
+from tests.fuzz.structure import check_hook_report, check_structure
+from tests.fuzz.untouched import Untouched
+from tests.fuzz.views import COPIES, VIEWS, WRITES
 from tests.test_no_mutation import ModelSnapshot, assert_outputs_identical
 
 
@@ -201,9 +211,12 @@ def test_script_structure_checks_see_what_did_not_happen(
 
 
 def test_generated_models_are_valid_and_traceable() -> None:
-    """The generator's promise, checked apart from fxmobile: eager runs, fx traces the model."""
+    """The generator's promise, checked apart from fxmobile: eager runs, the same on a second
+    call; plain torch.fx traces the model where it can (no hook outside a leaf call, no
+    subclassed layer or cache, no item assignment), and it pickles where torch can (no hooks,
+    no parametrizations)."""
 
-    @settings(max_examples=50, derandomize=True, database=None, deadline=None)
+    @settings(max_examples=60, derandomize=True, database=None, deadline=None)
     @given(spec=model_specs())
     def check(spec: ModelSpec) -> None:
         model = build(spec)
@@ -211,8 +224,137 @@ def test_generated_models_are_valid_and_traceable() -> None:
         for t, v in zip(leaves(out), [spec.values()[k] for k in spec.outputs], strict=True):
             assert tuple(t.shape) == v.shape(spec.batch), spec
             assert t.dtype == v.dtype, spec
-        gm = fx.symbolic_trace(copy.deepcopy(model))
-        assert_outputs_identical(out, run(gm, spec)[0])
-        assert_outputs_identical(out, run(pickle.loads(pickle.dumps(model)), spec)[0])
+        assert_outputs_identical(leaves(out), leaves(run(model, spec)[0]))
+        blocks = spec.blocks
+        if not spec.root_hooks and not any(
+            b.options.get("subclass") or b.kind is Kind.CACHE or b.options.get("write") == "setitem"
+            for b in blocks
+        ):
+            gm = fx.symbolic_trace(copy.deepcopy(model))
+            assert_outputs_identical(leaves(out), leaves(run(gm, spec)[0]))
+        if not spec.root_hooks and not any(b.hooks or b.options.get("parametrize") for b in blocks):
+            unpickled = pickle.loads(pickle.dumps(model))
+            assert_outputs_identical(leaves(out), leaves(run(unpickled, spec)[0]))
 
     check()
+
+
+def test_generator_draws_every_idiom() -> None:
+    """Over as many draws as the default profile makes (500 models for each of 3 stages), every
+    idiom shows up: each hook, parametrization, subclass, view op (in one spelling or another),
+    write, copy, cache pattern and output container."""
+    seen: set[str] = set()
+
+    @settings(max_examples=3 * DEFAULT_EXAMPLES, derandomize=True, database=None, deadline=None)
+    @given(spec=model_specs())
+    def collect(spec: ModelSpec) -> None:
+        seen.add(f"output {spec.output_type}")
+        seen.update(f"hook {h.name}" for h in spec.root_hooks)
+        for b in spec.blocks:
+            seen.update(f"hook {h.name}" for h in b.hooks)
+            seen.update(f"parametrize {p}" for p in b.options.get("parametrize", ()))
+            if b.options.get("subclass"):
+                seen.add(f"subclass {b.options['subclass']}")
+            if b.kind is Kind.VIEW_WRITE:
+                seen.update(f"view {VIEWS[name].family}" for name, _ in b.options["views"])
+                seen.add(f"write {b.options['write']}")
+                seen.add(f"copy {b.options['copy']}")
+            if b.kind is Kind.CACHE:
+                seen.add(f"cache {b.options['pattern']}")
+
+    collect()
+    wanted = {f"output {t}" for t in OUTPUT_TYPES} | {f"hook {h}" for h in HOOKS}
+    wanted |= {f"parametrize {p}" for p in PARAMETRIZATIONS}
+    wanted |= {f"subclass {e}" for e in SUBCLASS_EXTRAS} | {
+        f"view {v.family}" for v in VIEWS.values()
+    }
+    wanted |= {f"write {w}" for w in WRITES} | {f"copy {c}" for c in (None, *COPIES)}
+    wanted |= {"cache dict", "cache levit"}
+    assert wanted <= seen, f"never drawn: {sorted(wanted - seen)}"
+
+
+def _hooked_conv_bn(hooks: tuple[HookSpec, ...], **model: Any) -> ModelSpec:
+    """conv (with ``hooks``) -> BN, on a 2-D input; ``model``: ModelSpec's idiom fields."""
+    f32 = torch.float32
+    x, y = Value(2, (4, 4), f32), Value(3, (4, 4), f32)
+    conv = {"out_channels": 3, "kernel": (1, 1), "stride": (1, 1), "padding": (0, 0)}
+    conv |= {"dilation": (1, 1), "groups": 1, "bias": True, "padding_mode": "zeros"}
+    bn = {"eps": 1e-5, "affine": True, "track_running_stats": True}
+    blocks = (
+        Block(Kind.CONV, "module", 0, y, {**conv, "hooks": hooks}),
+        Block(Kind.BATCHNORM, "module", 1, y, bn),
+    )
+    return ModelSpec(x, 1, Layout.CONTIGUOUS, blocks, (2,), 0, **model)
+
+
+def test_hook_checks_see_a_hook_dropped_or_misreported() -> None:
+    """A graph that calls the hooked conv without its recorder fails the structure check and
+    sees other hook calls than eager; a report that calls the recorder traced fails too."""
+    spec = _hooked_conv_bn((HookSpec("recorder"),))
+    model = build(spec)
+    gm = fx.GraphModule(model, fx.Tracer().trace(model))  # calls the model's own modules
+    check_structure(spec, model, gm, fxmobile.Report("FuzzModel"))
+    eager_calls = hook_calls(model, lambda: run(model, spec))
+    assert eager_calls == ([[("forward", (1, 3, 4, 4), torch.float32)]], 0)
+    assert hook_calls(model, lambda: run(gm, spec)) == eager_calls
+    gm.add_submodule("b0", without_hooks(model.get_submodule("b0")))
+    with pytest.raises(AssertionError, match="calls of modules with hooks"):
+        check_structure(spec, model, gm, fxmobile.Report("FuzzModel"))
+    assert hook_calls(model, lambda: run(gm, spec)) != eager_calls
+    report = fxmobile.Report("FuzzModel")
+    report.hooks = [HookRecord("b0", "forward hook", "Recorder", TRACED)]
+    with pytest.raises(AssertionError, match="the README's rule"):
+        check_hook_report(model, report)
+
+
+def test_untouched_sees_hooks_and_caches_change() -> None:
+    spec = _hooked_conv_bn((HookSpec("scale", 2.0),))
+    model = build(spec)
+    untouched = Untouched.take(model)
+    untouched.assert_unchanged(model)
+    model.get_submodule("b0")._forward_hooks.clear()
+    with pytest.raises(AssertionError, match="hooks changed"):
+        untouched.assert_unchanged(model)
+    cached = ModelSpec(
+        spec.input, 1, Layout.CONTIGUOUS,
+        (Block(Kind.CACHE, "module", 0, spec.input, {"pattern": "dict", "op": "mul"}),), (1,), 0,
+    )  # fmt: skip
+    model = build(cached)
+    untouched = Untouched.take(model)
+    run(model, cached)  # fills the cache
+    with pytest.raises(AssertionError, match="caches changed"):
+        untouched.assert_unchanged(model)
+
+
+def test_refusals_are_failures_unless_documented(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refusal of a model the README says fxmobile optimizes fails; so does optimizing a
+    model the README says it refuses (torch's global module hooks)."""
+    spec = _hooked_conv_bn((), global_hook="forward")
+    assert check_model(Stage.FX, spec) == "torch's global module hooks"
+    monkeypatch.setattr(capture_trace, "refuse_global_hooks", lambda: None)
+    with pytest.raises(AssertionError, match="the README documents refusing this model"):
+        check_model(Stage.FX, spec)
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise fxmobile.CaptureError("no reason")
+
+    monkeypatch.setattr(fxmobile, "optimize_fx", refuse)
+    with pytest.raises(AssertionError, match="does not document refusing: CaptureError"):
+        check_model(Stage.FX, _hooked_conv_bn(()))
+
+
+def test_open_findings_match_their_own_failure_only() -> None:
+    x = Value(2, (3,), torch.float32)
+    write = {"copy": "add0", "views": (("select", (1, 0)),), "write": "setitem", "value": 0.5}
+    spec = ModelSpec(x, 1, Layout.CONTIGUOUS, (Block(Kind.VIEW_WRITE, "method", 0, x, write),),
+                     (1,), 0)  # fmt: skip
+    failure = AssertionError(
+        "fxmobile refused a model the README does not document refusing: CaptureError: "
+        "torch.fx could not trace FuzzModel.forward at views.py:1: v[...] = c: TypeError: "
+        "'Proxy' object does not support item assignment. Fix: ..."
+    )
+    finding = open_finding("fx", spec, failure)
+    assert finding is not None and finding.name == "F2"
+    assert open_finding("fx", spec, AssertionError("output 0: max abs error 1 exceeds")) is None
+    other = replace(spec, blocks=(replace(spec.blocks[0], options={**write, "write": "add_"}),))
+    assert open_finding("fx", other, failure) is None

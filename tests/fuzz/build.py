@@ -14,7 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tests.fuzz.hooks import register_hooks
+from tests.fuzz.layers import CachedBias, CachedScale, parametrize_layer, subclassed
+from tests.fuzz.outputs import pack
 from tests.fuzz.spec import DROPOUT_MODULES, Block, Kind, ModelSpec, Value, attr_base
+from tests.fuzz.views import run_view_write
 
 
 class FuzzModel(nn.Module):
@@ -31,14 +35,14 @@ class FuzzModel(nn.Module):
                     _BUILDERS[block.kind](self, f"b{i}", block, values[block.src])
                 elif block.options.get("alias"):
                     _alias(self, f"b{block.owner}")
+        register_hooks(self, spec.root_hooks)
         self.eval()
 
     def forward(self, x: torch.Tensor) -> Any:
         values = [x]
         for i, block in enumerate(self.spec.blocks):
             values.append(_RUNNERS[block.kind](self, attr_base(i, block), block, values))
-        outputs = tuple(values[k] for k in self.spec.outputs)
-        return outputs[0] if len(outputs) == 1 else outputs
+        return pack(self.spec.output_type, tuple(values[k] for k in self.spec.outputs))
 
 
 def build(spec: ModelSpec) -> FuzzModel:
@@ -96,7 +100,7 @@ def _build_layer(model: nn.Module, name: str, block: Block, x: Value) -> None:
     else:
         layer = _conv_module(block, x)
     if block.form == "module":
-        model.add_module(name, layer)
+        _add_module(model, name, block, layer)
         return
     for suffix in ("weight", "bias"):
         tensor = getattr(layer, suffix)
@@ -130,7 +134,7 @@ def _build_batchnorm(model: nn.Module, name: str, block: Block, x: Value) -> Non
             if bn.weight is not None and bn.bias is not None:
                 bn.weight.copy_(stats["weight"])
                 bn.bias.copy_(stats["bias"])
-        model.add_module(name, bn)
+        _add_module(model, name, block, bn)
         return
     if block.form != "function_batch_stats":
         model.register_buffer(f"{name}_mean", stats["mean"])
@@ -191,11 +195,30 @@ def _build_module(model: nn.Module, name: str, block: Block, x: Value) -> None:
         module = nn.Hardtanh(o["min"], o["max"], inplace)
     else:
         module = {"relu": nn.ReLU, "relu6": nn.ReLU6, "hardswish": nn.Hardswish}[o["op"]](inplace)
-    model.add_module(name, module)
+    _add_module(model, name, block, module)
 
 
 def _build_nothing(model: nn.Module, name: str, block: Block, x: Value) -> None:
     pass
+
+
+def _add_module(model: nn.Module, name: str, block: Block, module: nn.Module) -> None:
+    """Register ``module`` as the block's, as the user wrote it: a subclass of its class that
+    overrides ``forward``, parametrized weights, hooks (``block.options``)."""
+    o = block.options
+    if o.get("subclass"):
+        subclassed(module, o["subclass"], o["gain"])
+    parametrize_layer(module, tuple(o.get("parametrize", ())))
+    register_hooks(module, block.hooks)
+    model.add_module(name, module)
+
+
+def _build_cache(model: nn.Module, name: str, block: Block, x: Value) -> None:
+    if block.options["pattern"] == "dict":
+        shape = (x.channels, *(1,) * x.dims)
+        model.add_module(name, CachedScale(shape, block.options["op"], x.dtype))
+    else:
+        model.add_module(name, CachedBias(x.channels, x.spatial, x.dtype))
 
 
 _BUILDERS: dict[Kind, Callable[[nn.Module, str, Block, Value], None]] = {
@@ -209,6 +232,8 @@ _BUILDERS: dict[Kind, Callable[[nn.Module, str, Block, Value], None]] = {
     Kind.ARITHMETIC: _build_constant,
     Kind.BINARY: _build_nothing,
     Kind.UNSQUEEZE: _build_nothing,
+    Kind.VIEW_WRITE: _build_nothing,
+    Kind.CACHE: _build_cache,
 }
 
 # ----------------------------------------------------------------------------- running
@@ -383,4 +408,6 @@ _RUNNERS: dict[Kind, Callable[[nn.Module, str, Block, Values], torch.Tensor]] = 
     Kind.BINARY: _run_binary,
     Kind.FLATTEN: _run_flatten,
     Kind.UNSQUEEZE: _run_unsqueeze,
+    Kind.VIEW_WRITE: lambda m, name, b, values: run_view_write(values[b.src], b.options),
+    Kind.CACHE: lambda m, name, b, values: getattr(m, name)(values[b.src]),
 }

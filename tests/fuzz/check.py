@@ -18,31 +18,37 @@ from typing import Any
 import pytest
 import torch
 from hypothesis import HealthCheck, assume, event, settings
+from hypothesis.errors import HypothesisException
 from torch import nn
 
 import fxmobile
 from fxmobile.options import DEFAULT_TOLERANCE
 from tests.fuzz.build import FuzzModel, build
 from tests.fuzz.expect import documented_refusals, gate_may_fire
+from tests.fuzz.findings import open_finding
+from tests.fuzz.hooks import global_hook, hook_calls
+from tests.fuzz.layers import clear_caches
 from tests.fuzz.oracle import (
     assert_close_to_anchor,
     in_dtype,
+    outputs_and_results,
     results,
     rounding_noise,
+    run,
 )
+from tests.fuzz.outputs import structure
 from tests.fuzz.script_structure import check_script_structure
 from tests.fuzz.spec import PRODUCERS, Kind, ModelSpec, example_input
 from tests.fuzz.structure import (
     _has_running_stats,
+    check_hook_report,
     check_structure,
     foldable_into_producer,
+    kept_hook_sites,
     needed_batch_stats,
 )
-from tests.test_no_mutation import (
-    ModelSnapshot,
-    assert_outputs_identical,
-    assert_shares_no_storage,
-)
+from tests.fuzz.untouched import Untouched
+from tests.test_no_mutation import assert_outputs_identical, assert_shares_no_storage
 
 DEFAULT_EXAMPLES = 500
 EXAMPLES = int(os.environ.get("FXMOBILE_FUZZ_EXAMPLES", DEFAULT_EXAMPLES))
@@ -76,10 +82,11 @@ class Optimized:
     gate_warning: str | None
 
 
-def optimize(stage: Stage, model: nn.Module, x: torch.Tensor) -> Optimized:
+def optimize(stage: Stage, model: nn.Module, x: torch.Tensor, spec: ModelSpec) -> Optimized:
     """``model`` through ``stage``, with fxmobile's gate set to warn (``check="warn"``): a
-    mismatch it finds comes back as its message, naming the first pass that diverged."""
-    with warnings.catch_warnings(record=True) as caught:
+    mismatch it finds comes back as its message, naming the first pass that diverged. torch's
+    global module hook ``spec.global_hook`` is registered meanwhile."""
+    with warnings.catch_warnings(record=True) as caught, global_hook(spec.global_hook):
         warnings.simplefilter("always")
         if stage is Stage.SCRIPT_CPU:
             mobile = fxmobile.optimize(model, example_inputs=x, backend="CPU", check="warn")
@@ -114,18 +121,34 @@ def report_coverage(spec: ModelSpec) -> None:
 
 
 def check_model(stage: Stage, spec: ModelSpec) -> str | None:
-    """Checks the model ``spec`` describes through ``stage``; the documented refusal's name if
-    fxmobile refused it (any other refusal fails)."""
+    """Checks the model ``spec`` describes through ``stage``. None when it was optimized; the
+    documented refusal's name when fxmobile refused it (any other refusal fails); the open
+    finding's name when it failed as that finding does (``tests.fuzz.findings``)."""
+    try:
+        return _check_model(stage, spec)
+    except (HypothesisException, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        finding = open_finding(stage.value, spec, exc)
+        if finding is None:
+            raise
+        return f"open finding {finding.name}"
+
+
+def _check_model(stage: Stage, spec: ModelSpec) -> str | None:
     model = build(spec)
-    snapshot = ModelSnapshot.take(model)
-    eager = results(model, spec)
+    eager_outputs, eager = outputs_and_results(model, spec)
     ref64 = [t.double() for t in results(in_dtype(model, torch.float64), spec, torch.float64)]
     assume(all(bool(t.isfinite().all()) for t in [*eager, *ref64]))
     noise = rounding_noise(model, spec, eager, ref64)
+    eager_calls = hook_calls(model, lambda: run(model, spec))
     refusals = documented_refusals(spec)
+    if spec.cold_cache:
+        clear_caches(model)  # as a model that has not run yet
+    untouched = Untouched.take(model)
     given_input = example_input(spec)
     try:
-        optimized = optimize(stage, model, given_input)
+        optimized = optimize(stage, model, given_input, spec)
     except fxmobile.FxMobileError as exc:
         refusal = next((r for r in refusals if r.matches(exc)), None)
         if refusal is None:
@@ -133,16 +156,21 @@ def check_model(stage: Stage, spec: ModelSpec) -> str | None:
                 f"fxmobile refused a model the README does not document refusing: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-        snapshot.assert_unchanged(model)
+        untouched.assert_unchanged(model)
         return refusal.name
     required = [r for r in refusals if r.required]
     assert not required, f"the README documents refusing this model ({required[0].readme})"
-    snapshot.assert_unchanged(model)
+    untouched.assert_unchanged(model)
     assert torch.equal(given_input, example_input(spec)), "optimizing wrote to example_inputs"
     assert_outputs_identical(eager, results(model, spec))
     assert_shares_no_storage(optimized.module, model)
     try:
-        check_results(stage, spec, model, optimized, eager, ref64, noise)
+        check_results(stage, spec, model, optimized, eager_outputs, eager, ref64, noise)
+        if stage is not Stage.SCRIPT_CPU:  # the optimized module calls the user's hooks
+            calls = hook_calls(model, lambda: run(optimized.module, spec))
+            assert calls == eager_calls, (
+                f"the stateful hooks saw {calls} in the optimized module, {eager_calls} in eager"
+            )
     except AssertionError as exc:
         gate = optimized.gate_warning or "passed"
         raise AssertionError(f"{exc}\nfxmobile's own check: {gate}") from exc
@@ -161,12 +189,18 @@ def check_results(
     spec: ModelSpec,
     model: FuzzModel,
     optimized: Optimized,
+    eager_outputs: Any,
     eager: list[torch.Tensor],
     ref64: list[torch.Tensor],
     noise: list[float],
 ) -> None:
     """The optimized module computes what eager computes, twice, and shows its structure."""
-    got = results(optimized.module, spec)
+    got_outputs, got = outputs_and_results(optimized.module, spec)
+    exact = stage is not Stage.SCRIPT_CPU  # TorchScript returns its own NamedTuple class
+    assert structure(got_outputs, exact) == structure(eager_outputs, exact), (
+        f"the optimized model returns {structure(got_outputs, exact)}, eager "
+        f"{structure(eager_outputs, exact)}"
+    )
     assert len(got) == len(ref64), "the optimized model returns a different structure"
     for i, (g, e, r, n) in enumerate(zip(got, eager, ref64, noise, strict=True)):
         # the last result is what the call left in its input (eager may write to it)
@@ -175,7 +209,9 @@ def check_results(
         assert_close_to_anchor(g, r, n, e.dtype, where)
     for i, (a, g) in enumerate(zip(results(optimized.module, spec), got, strict=True)):
         assert torch.equal(a, g), f"result {i} differs on a second call (pytorch/pytorch#52463)"
+    check_hook_report(model, optimized.report)
     if stage is Stage.SCRIPT_CPU:
-        check_script_structure(spec, optimized.module, 0, needed_batch_stats(spec))
+        allowed = kept_hook_sites(spec, Kind.BATCHNORM)
+        check_script_structure(spec, optimized.module, allowed, needed_batch_stats(spec))
     else:
         check_structure(spec, model, optimized.module, optimized.report)

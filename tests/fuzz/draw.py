@@ -31,11 +31,18 @@ import torch
 from hypothesis import strategies as st
 
 from tests.fuzz.build import constant_shape
+from tests.fuzz.draw_idioms import (
+    draw_cache,
+    draw_decorations,
+    draw_model_idioms,
+    draw_view_write,
+)
 from tests.fuzz.spec import (
     CHANNEL_CAP,
     DROPOUT_FUNCTIONS,
     DROPOUT_MODULES,
     FLATTEN_CAP,
+    HOOKABLE,
     INPUT_SPATIAL,
     MAX_BLOCKS,
     PRODUCERS,
@@ -290,7 +297,7 @@ def _draw_binary(
     return form, {"op": op}, out, other
 
 
-def _kinds(x: Value, src_kind: Kind | None, can_again: bool) -> list[Kind | None]:
+def _kinds(x: Value, src_kind: Kind | None, can_again: bool, caches: bool) -> list[Kind | None]:
     """The kinds a block may take after a value of type ``x``, repeated to weight them;
     None stands for calling an earlier module again."""
     weights = {
@@ -300,6 +307,8 @@ def _kinds(x: Value, src_kind: Kind | None, can_again: bool) -> list[Kind | None
         Kind.LINEAR: 1,
         Kind.DROPOUT: 1,
         Kind.BINARY: 1,
+        Kind.VIEW_WRITE: 2,
+        Kind.CACHE: 1 if caches else 0,  # one model in four: LeViT's and cold ones are refused
     }
     if x.dims:
         weights[Kind.CONV] = 3
@@ -317,7 +326,7 @@ def _kinds(x: Value, src_kind: Kind | None, can_again: bool) -> list[Kind | None
 
 
 def _draw_block(
-    draw: Draw, blocks: list[Block], values: list[Value], batch: int, last: bool
+    draw: Draw, blocks: list[Block], values: list[Value], batch: int, last: bool, caches: bool
 ) -> Block:
     # mostly the latest value (a chain); one time in four any value (several consumers)
     latest = len(values) - 1
@@ -329,7 +338,7 @@ def _draw_block(
         j for j, b in enumerate(blocks)
         if b.owner is None and b.kind in SHAREABLE and values[b.src] == x
     ]  # fmt: skip
-    kind = draw(st.sampled_from(_kinds(x, src_kind, bool(again))))
+    kind = draw(st.sampled_from(_kinds(x, src_kind, bool(again), caches)))
     if kind is None:  # the same module (or the same weights) called again
         j = draw(_latest_first(again))
         options = {**blocks[j].options, "alias": draw(st.booleans())}
@@ -352,9 +361,15 @@ def _draw_block(
     elif kind is Kind.FLATTEN:
         form = draw(st.sampled_from(("torch", "method", "module", "reshape")))
         opts, out = {}, Value(x.channels * math.prod(x.spatial), (), x.dtype)
+    elif kind is Kind.VIEW_WRITE:
+        form, opts, out = draw_view_write(draw, x, batch)
+    elif kind is Kind.CACHE:
+        form, opts, out = draw_cache(draw, x)
     else:
         form = draw(st.sampled_from(("method", "torch")))
         opts, out = {}, Value(x.channels, (*x.spatial, 1), x.dtype)
+    if kind in HOOKABLE and form == "module":
+        opts |= draw_decorations(draw, kind, x, opts)
     return Block(kind, form, src, out, opts, other)
 
 
@@ -388,14 +403,16 @@ def model_specs(draw: Draw, max_blocks: int = MAX_BLOCKS) -> ModelSpec:
     batch = draw(st.integers(1, 2))
     layout = draw(st.sampled_from(_LAYOUTS[dims]))
     n = draw(st.integers(1, max_blocks))
+    caches = draw(st.integers(0, 3)) == 3
     values = [Value(channels, spatial, dtype)]
     blocks: list[Block] = []
     for i in range(n):
-        block = _draw_block(draw, blocks, values, batch, last=i == n - 1)
+        block = _draw_block(draw, blocks, values, batch, i == n - 1, caches)
         blocks.append(block)
         values.append(block.out)
     outputs: tuple[int, ...] = (len(blocks),)
     if len(blocks) > 1 and draw(st.integers(0, 3)) == 3:  # also return an intermediate
         outputs += (draw(st.integers(1, len(blocks) - 1)),)
     seed = draw(st.integers(0, 2**16 - 1))
-    return ModelSpec(values[0], batch, layout, tuple(blocks), outputs, seed)
+    idioms = draw_model_idioms(draw, blocks, outputs)
+    return ModelSpec(values[0], batch, layout, tuple(blocks), outputs, seed, **idioms)

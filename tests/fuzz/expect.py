@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 import fxmobile
-from tests.fuzz.spec import ModelSpec
+from tests.fuzz.spec import Kind, ModelSpec
 
 
 @dataclass(frozen=True)
@@ -30,9 +30,54 @@ class Refusal:
         return isinstance(exc, self.error) and re.search(self.message, str(exc)) is not None
 
 
+GLOBAL_HOOKS = Refusal(
+    "torch's global module hooks",
+    fxmobile.CaptureError,
+    r"global module hooks are registered",
+    "Hooks: torch's *global* module hooks (register_module_forward_hook and its pre-hook twin) "
+    "are refused with a CaptureError",
+    required=True,
+)
+FILLS_A_CACHE = Refusal(
+    "forward fills a cache",
+    fxmobile.CaptureError,
+    r"changes the module's state while it runs",
+    "Bad input: forward changes a buffer, parameter or attribute (self.cache.append): CaptureError",
+    required=False,
+)
+
+
+SUBCLASSED_BATCHNORM = Refusal(
+    "subclassed BatchNorm: control flow on its input",
+    fxmobile.CaptureError,
+    r"could not trace submodule .*\(MyBatchNorm\dd\).*control flow",
+    "Bad input: untraceable control flow: CaptureError ... mark it as a leaf (BatchNorm's "
+    "forward checks its input's rank with `if input.dim() != 4`: torch.fx cannot trace that "
+    "once a subclass makes it traced code instead of a leaf call)",
+    required=False,
+)
+
+
 def documented_refusals(spec: ModelSpec) -> list[Refusal]:
-    """The refusals the README documents for ``spec``'s model (none: it must be optimized)."""
-    return []
+    """The refusals the README documents for ``spec``'s model (none: it must be optimized).
+
+    - torch's global module hooks registered while optimizing: refused, always;
+    - a subclass of a BatchNorm overriding ``forward``: torch.fx traces into it, and
+      BatchNorm's ``forward`` branches on its input's rank (untraceable control flow);
+    - a cache that ``forward`` fills: an empty one (the model has not run yet) is filled by the
+      first call, and LeViT's, keyed by ``str(x.device)``, gets a new key when traced (the
+      device of a traced value is no device): the README's "forward changes an attribute"
+      refusal. A dict cache already filled is only read: that model must be optimized.
+    """
+    found = []
+    if spec.global_hook:
+        found.append(GLOBAL_HOOKS)
+    if any(b.kind is Kind.BATCHNORM and b.options.get("subclass") for b in spec.blocks):
+        found.append(SUBCLASSED_BATCHNORM)
+    caches = [b for b in spec.blocks if b.kind is Kind.CACHE]
+    if caches and (spec.cold_cache or any(b.options["pattern"] == "levit" for b in caches)):
+        found.append(FILLS_A_CACHE)
+    return found
 
 
 def gate_may_fire(noise: list[float], scales: list[float], tolerance: float) -> bool:

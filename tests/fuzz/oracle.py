@@ -18,7 +18,19 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
+from tests.fuzz.outputs import flatten
 from tests.fuzz.spec import Kind, Layout, ModelSpec, example_input
+from tests.fuzz.views import VIEWS
+
+
+def layout_sensitive_writes(spec: ModelSpec) -> bool:
+    """Whether the model writes through a view whose meaning depends on the memory layout."""
+    return any(
+        VIEWS[name].layout_dependent or VIEWS[name].reads_strides
+        for b in spec.blocks
+        if b.kind is Kind.VIEW_WRITE
+        for name, _ in b.options["views"]
+    )
 
 
 def run(
@@ -29,9 +41,7 @@ def run(
 ) -> Any:
     """``(outputs, input after the call)``: a fresh input each time (a forward may write to it;
     a clone would lose the strided layout), in ``dtype`` and ``memory_format`` when given."""
-    x = example_input(spec)
-    if dtype is not None:
-        x = x.to(dtype)
+    x = example_input(spec, dtype)
     if memory_format is not None:
         x = x.contiguous(memory_format=memory_format)
     with torch.no_grad():
@@ -39,7 +49,8 @@ def run(
 
 
 def leaves(outputs: Any) -> list[torch.Tensor]:
-    return [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+    """The tensors of a model's outputs, in order, whatever the container."""
+    return flatten(outputs)
 
 
 # float64 rounds 2**29 times finer than float32 (unit roundoff 2**-53 against 2**-24).
@@ -91,13 +102,17 @@ def assert_close_to_anchor(
 
 
 def in_dtype(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """A copy with every floating tensor in ``dtype``, plain tensor attributes included
-    (``Module.to`` converts only parameters and buffers)."""
+    """A copy with every floating tensor in ``dtype``, plain tensor attributes and the tensors
+    a cache holds included (``Module.to`` converts only parameters and buffers)."""
     copied = copy.deepcopy(model).to(dtype)
     for sub in copied.modules():
         for name, value in list(vars(sub).items()):
             if isinstance(value, torch.Tensor) and value.is_floating_point():
                 object.__setattr__(sub, name, value.to(dtype))
+            elif isinstance(value, dict) and not name.startswith("_"):  # a cache
+                for key, item in value.items():
+                    if isinstance(item, torch.Tensor) and item.is_floating_point():
+                        value[key] = item.to(dtype)
     return copied
 
 
@@ -109,18 +124,30 @@ def results(
 ) -> Any:
     """The tensors a call produces: its outputs, and its input after the call (a forward that
     writes to its input in place computes values into it, like an output)."""
+    return outputs_and_results(module, spec, dtype, memory_format)[1]
+
+
+def outputs_and_results(
+    module: Callable[..., Any],
+    spec: ModelSpec,
+    dtype: torch.dtype | None = None,
+    memory_format: torch.memory_format | None = None,
+) -> tuple[Any, list[torch.Tensor]]:
+    """What a call returns, as returned, and ``results``."""
     outputs, written_input = run(module, spec, dtype, memory_format)
-    return [*leaves(outputs), written_input]
+    return outputs, [*leaves(outputs), written_input]
 
 
 def other_layout(spec: ModelSpec) -> torch.memory_format | None:
     """The layout the optimized model may switch a 4-D or 5-D input to (or back from); None
-    when the model writes in place and flattens, where the layout changes more than rounding
-    (a write through ``flatten`` of a channels-last tensor lands on a copy)."""
+    where the layout changes more than rounding: the model writes in place and flattens (a
+    write through ``flatten`` of a channels-last tensor lands on a copy), or writes through a
+    view that depends on the layout or reads it (``as_strided``)."""
     channels_last = {2: torch.channels_last, 3: torch.channels_last_3d}.get(spec.input.dims)
     if channels_last is None or spec.input.extra_dim:
         return None
-    if any(b.inplace for b in spec.blocks) and any(b.kind is Kind.FLATTEN for b in spec.blocks):
+    flattens = any(b.kind is Kind.FLATTEN for b in spec.blocks)
+    if (spec.writes_in_place() and flattens) or layout_sensitive_writes(spec):
         return None
     return torch.contiguous_format if spec.layout is Layout.CHANNELS_LAST else channels_last
 

@@ -112,11 +112,6 @@ def missed_clamp_fusions(module: torch.jit.ScriptModule) -> list[str]:
     return missed
 
 
-def writes_in_place(spec: ModelSpec) -> bool:
-    """Whether the program writes any tensor in place (the conv1d rewrite then declines)."""
-    return any(b.inplace for b in spec.blocks)
-
-
 def check_script_structure(
     spec: ModelSpec,
     module: torch.jit.ScriptModule,
@@ -152,7 +147,7 @@ def check_script_structure(
     # the rewrite declines a method that writes in place, or has a conv1d with string padding
     # (torch's pass would rewrite every conv1d of the method, and breaks those)
     conv1d = _nodes(module, {"aten::conv1d"})
-    if not writes_in_place(spec) and not any(_string_padding(n) for n in conv1d):
+    if not spec.writes_in_place() and not any(_string_padding(n) for n in conv1d):
         assert not conv1d, f"{len(conv1d)} aten::conv1d left (conv1d_to_conv2d declined?)"
     missed = missed_clamp_fusions(module)
     assert not missed, f"clamps not fused into the prepacked op before them: {missed}"

@@ -36,10 +36,45 @@ class Kind(enum.Enum):
     CONV_TRANSPOSE = "conv_transpose"
     FLATTEN = "flatten"
     UNSQUEEZE = "unsqueeze"
+    VIEW_WRITE = "view_write"  # a write through views of the value, or of a copy of it
+    CACHE = "cache"  # a submodule that caches a tensor in a dict the first time it runs
 
 
 PRODUCERS = (Kind.CONV, Kind.CONV_TRANSPOSE, Kind.LINEAR)
 SHAREABLE = (*PRODUCERS, Kind.BATCHNORM)
+# kinds whose module form may carry hooks or be a subclass overriding forward
+HOOKABLE = (*PRODUCERS, Kind.BATCHNORM, Kind.ACTIVATION)
+# hooks by name (``tests.fuzz.hooks``): plain functions the README says are traced into the
+# graph, and hooks with state that stay with their module
+PURE_HOOKS = (
+    "scale", "shift", "relu", "scale_in_place", "kwargs_shift", "pre_scale",
+    "pre_scale_in_place", "pre_kwargs_shift",
+)  # fmt: skip
+STATEFUL_HOOKS = ("recorder", "pre_recorder", "counter", "bound_scale", "partial_scale")
+IN_PLACE_HOOKS = ("scale_in_place", "pre_scale_in_place")
+FORWARD_HOOKS = ("scale", "shift", "relu", "scale_in_place", "kwargs_shift", "recorder",
+                 "counter", "bound_scale", "partial_scale")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class HookSpec:
+    """A hook to register: its name in ``tests.fuzz.hooks.HOOKS`` and its constant."""
+
+    name: str
+    constant: float = 1.0
+
+    @property
+    def traceable(self) -> bool:
+        """Whether the README's rule says fxmobile traces it into the graph."""
+        return self.name in PURE_HOOKS
+
+    @property
+    def forward(self) -> bool:
+        """A forward hook (it sees the output), not a pre-hook."""
+        return self.name in FORWARD_HOOKS
+
+    def __repr__(self) -> str:
+        return f"{self.name}({self.constant:g})"
 
 
 class Layout(enum.Enum):
@@ -86,7 +121,18 @@ class Block:
 
     @property
     def inplace(self) -> bool:
-        return bool(self.options.get("inplace")) or self.form == "inplace"
+        """Whether the block itself writes a tensor in place (its hooks aside)."""
+        explicit = bool(self.options.get("inplace")) or self.form == "inplace"
+        return explicit or self.kind is Kind.VIEW_WRITE
+
+    @property
+    def hooks(self) -> tuple[HookSpec, ...]:
+        return tuple(self.options.get("hooks", ()))
+
+    @property
+    def kept_hooks(self) -> bool:
+        """Its module has a hook the README says stays with it (no rewrite crosses it)."""
+        return any(not h.traceable for h in self.hooks)
 
     def describe(self, index: int) -> str:
         args = f"v{self.src}" + (f", v{self.other}" if self.other is not None else "")
@@ -105,6 +151,10 @@ class ModelSpec:
     blocks: tuple[Block, ...]
     outputs: tuple[int, ...]
     seed: int
+    output_type: str = "plain"  # tests.fuzz.outputs.OUTPUT_TYPES
+    root_hooks: tuple[HookSpec, ...] = ()  # hooks on the model itself
+    global_hook: str | None = None  # torch's global module hook registered while optimizing
+    cold_cache: bool = False  # the caches are empty when the model is optimized
 
     def values(self) -> list[Value]:
         return [self.input, *(b.out for b in self.blocks)]
@@ -120,10 +170,19 @@ class ModelSpec:
             refs[k] += 1
         return refs
 
+    def writes_in_place(self) -> bool:
+        """Whether running the model writes any tensor in place (hooks included)."""
+        hooks = [*self.root_hooks, *(h for b in self.blocks for h in b.hooks)]
+        return any(b.inplace for b in self.blocks) or any(h.name in IN_PLACE_HOOKS for h in hooks)
+
     def __repr__(self) -> str:
+        extras = [f"output_type={self.output_type}"] if self.output_type != "plain" else []
+        extras += [f"root_hooks={list(self.root_hooks)}"] if self.root_hooks else []
+        extras += [f"global_hook={self.global_hook}"] if self.global_hook else []
+        extras += ["cold_cache"] if self.cold_cache else []
         lines = [
             f"ModelSpec(input={self.input.__str__().replace('N', str(self.batch), 1)} "
-            f"{self.layout.value}, seed={self.seed}):"
+            f"{self.layout.value}, seed={self.seed}{''.join(', ' + e for e in extras)}):"
         ]
         lines += [f"    {b.describe(i)}" for i, b in enumerate(self.blocks)]
         lines.append("    return " + ", ".join(f"v{k}" for k in self.outputs))
@@ -165,13 +224,17 @@ def attr_base(index: int, block: Block) -> str:
     return base + "_alias" if block.options.get("alias") else base
 
 
-def example_input(spec: ModelSpec) -> torch.Tensor:
+def example_input(spec: ModelSpec, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The model's input, drawn from the spec's seed in its dtype, then (``dtype``) converted
+    with its layout kept: a view that reads the memory layout (``as_strided``) must see the
+    same elements in the float64 anchor as in eager."""
     gen = torch.Generator().manual_seed(spec.seed)
     shape = spec.input.shape(spec.batch)
+    convert = dtype or spec.input.dtype
     if spec.layout is Layout.STRIDED:
         wide = torch.randn(*shape[:-1], 2 * shape[-1], generator=gen, dtype=spec.input.dtype)
-        return wide[..., ::2]
-    x = torch.randn(*shape, generator=gen, dtype=spec.input.dtype)
+        return wide.to(convert)[..., ::2]
+    x = torch.randn(*shape, generator=gen, dtype=spec.input.dtype).to(convert)
     if spec.layout is Layout.CHANNELS_LAST:
         fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
         x = x.contiguous(memory_format=fmt)

@@ -8,6 +8,7 @@ and a module still called at several sites untouched (pytorch/pytorch#104593).
 
 from __future__ import annotations
 
+import inspect
 import math
 import operator
 from typing import Any
@@ -15,12 +16,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
+from torch.nn.utils.spectral_norm import SpectralNorm
+from torch.nn.utils.weight_norm import WeightNorm
 
 import fxmobile
+from fxmobile.capture.hooks import KEPT, TRACED
 from fxmobile.report.records import Stage as RecordStage
 from fxmobile.report.records import Status
 from tests.fuzz.build import FuzzModel
-from tests.fuzz.spec import PRODUCERS, Block, Kind, ModelSpec, attr_base
+from tests.fuzz.spec import PRODUCERS, PURE_HOOKS, Block, Kind, ModelSpec, attr_base
 from tests.helpers import count_modules
 
 DROPOUT_MODULE_TYPES = (
@@ -81,13 +85,22 @@ def _has_running_stats(block: Block) -> bool:
 
 def foldable_into_producer(spec: ModelSpec, block: Block) -> bool:
     """A running-stats BN whose input is a conv / transposed conv / linear that only it reads,
-    with the channels on dim 1 (a Linear's features are dim 1 only for a 2-D input)."""
+    with the channels on dim 1 (a Linear's features are dim 1 only for a 2-D input), neither
+    written as a subclass doing extra work nor hooked (a traced hook's work may sit between
+    them, and no rewrite crosses a hook kept with its module)."""
     if block.kind is not Kind.BATCHNORM or not _has_running_stats(block) or block.src == 0:
         return False
     producer = spec.blocks[block.src - 1]
     if producer.kind not in PRODUCERS or spec.references()[block.src] != 1:
         return False
+    if any(b.hooks or b.options.get("subclass") for b in (producer, block)):
+        return False
     return producer.kind is not Kind.LINEAR or spec.values()[producer.src].dims == 0
+
+
+def kept_hook_sites(spec: ModelSpec, kind: Kind | None = None) -> int:
+    """Calls of modules (of ``kind``) whose hooks the README says stay with them."""
+    return sum(b.kept_hooks for b in spec.blocks if kind is None or b.kind is kind)
 
 
 def live_values(spec: ModelSpec) -> set[int]:
@@ -125,6 +138,8 @@ def shared_paths(spec: ModelSpec) -> set[str]:
         calls[block.owner if block.owner is not None else i] += 1
     paths: set[str] = set()
     for i, block in enumerate(spec.blocks):
+        if block.options.get("parametrize"):
+            continue  # baked into a plain weight: its state differs on purpose
         if calls[block.owner if block.owner is not None else i] > 1:
             base = attr_base(i, block)
             paths.update((base, f"{base}_weight", f"{base}_bias"))
@@ -172,8 +187,11 @@ _SCALAR_OPS: dict[Any, str] = {
 
 
 def _is_producer(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """A conv / linear call a constant may fold into (not a module kept with its hooks)."""
     if node.op == "call_module":
-        return type(gm.get_submodule(str(node.target))) in _PRODUCER_MODULES
+        module = gm.get_submodule(str(node.target))
+        hooked = module._forward_hooks or module._forward_pre_hooks
+        return type(module) in _PRODUCER_MODULES and not hooked
     if node.op != "call_function" or node.target not in _PRODUCER_FUNCTIONS:
         return False
     weights = [a for a in node.args[1:3] if isinstance(a, fx.Node)]
@@ -226,7 +244,10 @@ def check_structure(
             f"conv / linear that only they read and must have folded"
         )
     if ran(report, "decompose_batchnorm"):
-        assert running == 0, f"{running} running-stats BN calls left after decompose_batchnorm"
+        kept = kept_hook_sites(spec, Kind.BATCHNORM)  # no rewrite crosses a kept hook
+        assert running <= kept, (
+            f"{running} running-stats BN calls left after decompose_batchnorm ({kept} keep hooks)"
+        )
     if ran(report, "fold_conv_arithmetic"):
         # y (op) number where y has other readers in the program may stay (those readers may
         # be dead code that goes only after folding): every other one must have folded
@@ -234,8 +255,59 @@ def check_structure(
             b.kind is Kind.ARITHMETIC and b.options["const"] == "scalar" and refs[b.src] > 1
             for b in blocks
         )
+        # a copy (y = v - 0) that a view write then writes: folding it would write the conv
+        may_stay += sum(
+            b.kind is Kind.VIEW_WRITE and b.options["copy"] in ("add0", "sub0", "mul1", "div1")
+            for b in blocks
+        )
+        # a traced pre-hook's arithmetic on the module's input, another reader of that value
+        may_stay += sum(
+            h.name in ("pre_scale", "pre_kwargs_shift") and refs[b.src] > 1
+            for b in blocks
+            for h in b.hooks
+        )
         missed = missed_scalar_folds(gm)
         assert len(missed) <= may_stay, (
             f"constant arithmetic on a conv / linear output not folded: {missed}"
         )
+    hooked = sum(
+        n.op == "call_module" and bool(_hooks(gm.get_submodule(str(n.target))))
+        for n in gm.graph.nodes
+    )
+    kept = kept_hook_sites(spec)
+    assert hooked == kept, (
+        f"{hooked} calls of modules with hooks in the optimized graph, {kept} in the program "
+        f"keep theirs (README: any hook that is not a plain pure function stays with its module; "
+        f"a traced one is not run again)"
+    )
     assert_shared_untouched(spec, model, gm)
+
+
+def _hooks(module: nn.Module) -> list[Any]:
+    return [*module._forward_pre_hooks.values(), *module._forward_hooks.values()]
+
+
+def traced_by_readme(hook: Any) -> bool:
+    """The README's rule, for the fuzzer's hooks: its pure plain functions are traced."""
+    return inspect.isfunction(hook) and hook.__name__ in PURE_HOOKS
+
+
+def check_hook_report(model: nn.Module, report: fxmobile.Report) -> None:
+    """The report says, for every hooked module of the caller's model, that its hooks were
+    traced into the graph when all are plain pure functions, and kept with it otherwise."""
+    expected: dict[str, bool] = {}
+    for path, module in model.named_modules():
+        hooks = [h for h in _hooks(module) if not isinstance(h, WeightNorm | SpectralNorm)]
+        if hooks:
+            expected[path] = all(traced_by_readme(h) for h in hooks)
+    forward_kinds = ("forward hook", "forward pre-hook")
+    seen: dict[str, bool] = {}
+    for record in report.hooks:
+        if record.kind.startswith(forward_kinds):
+            traced = record.action.startswith(TRACED)
+            assert traced or record.action.startswith(KEPT), record
+            seen[record.module] = seen.get(record.module, True) and traced
+    assert seen == expected, (
+        f"hooked modules traced (True) or kept (False): the report says {seen}, the README's "
+        f"rule {expected}"
+    )
