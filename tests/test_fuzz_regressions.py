@@ -13,6 +13,7 @@ from torch import nn
 
 import fxmobile
 from fxmobile.backends.xnnpack.fuse_add_relu import ALIASED, MIXED_DTYPES, READ_ELSEWHERE
+from fxmobile.errors import ScriptingError
 from fxmobile.report.records import Stage as RecordStage
 from tests.fuzz.check import Stage, check_model
 from tests.fuzz.hooks import Recorder
@@ -375,12 +376,6 @@ def test_regression_script_conv1d_with_string_padding(padding: str) -> None:
     assert_equivalent(model, result.module, x)
 
 
-# ----------------------------------------------------------------------------- open findings
-# Bugs the fuzzer found in fxmobile, not fixed yet (/work/notes/fuzz-findings.md): each fails
-# today, so each is a strict xfail; when the fix lands it passes, and the mark (and its entry in
-# tests/fuzz/findings.py) goes.
-
-
 class ItemAssignedCopy(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x + 0
@@ -388,12 +383,10 @@ class ItemAssignedCopy(nn.Module):
         return x * 2 + y
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fxmobile bug F2: `y[i] = c` is refused (torch.fx Proxy has no __setitem__), with a "
-    "fix that speaks of control flow; the README documents no such refusal",
-)
 def test_regression_item_assignment_is_optimized() -> None:
+    """F2: ``y[:, 0] = c`` was refused at capture (torch.fx's proxies take no item assignment)
+    with a fix about control flow. Capture now records it as ``operator.setitem``, a write
+    every pass sees."""
     model = ItemAssignedCopy().eval()
     x = torch.randn(2, 3)
     for optimized in (
@@ -401,6 +394,12 @@ def test_regression_item_assignment_is_optimized() -> None:
         fxmobile.optimize(model, example_inputs=x.clone()).module,
     ):
         assert_acts_like_eager(model, optimized, x)
+
+
+# ----------------------------------------------------------------------------- open findings
+# Bugs the fuzzer found in fxmobile, not fixed yet (/work/notes/fuzz-findings.md): each fails
+# today, so each is a strict xfail; when the fix lands it passes, and the mark (and its entry in
+# tests/fuzz/findings.py) goes.
 
 
 class RecordsItsInput(nn.Module):
@@ -413,16 +412,20 @@ class RecordsItsInput(nn.Module):
         return self.fc(x)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fxmobile bug F3: an untraceable hook on the model itself is refused, which the "
-    "README does not document (it says hooks on the model itself are never dropped)",
-)
-def test_regression_untraceable_hook_on_the_model_itself_is_documented_or_kept() -> None:
+def test_regression_untraceable_hook_on_the_model_itself_is_refused_as_documented() -> None:
+    """F3: a hook on the model itself that cannot be traced is refused (a CaptureError naming
+    the hook and the fix), which the README now documents ("Hooks", "Bad input"); the model
+    is left alone."""
     model = RecordsItsInput().eval()
     x = torch.randn(2, 2)
-    gm = fxmobile.optimize_fx(model, x).graph_module
-    assert_acts_like_eager(model, gm, x)
+    hooks = dict(model._forward_hooks)
+    for optimize in (fxmobile.optimize_fx, fxmobile.optimize):
+        with pytest.raises(
+            fxmobile.CaptureError,
+            match=r"forward hook on itself \(Recorder\).*Fix: register it on a submodule",
+        ):
+            optimize(model, example_inputs=x)
+    assert dict(model._forward_hooks) == hooks
 
 
 class ReturnsDataclass(nn.Module):
@@ -434,19 +437,18 @@ class ReturnsDataclass(nn.Module):
         return SingleData(self.fc(x))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fxmobile bug F4: a dataclass output on the TorchScript route fails with a raw "
-    "RuntimeError from torch.jit.trace ('Tracer cannot infer type'), not an FxMobileError",
-)
 def test_regression_dataclass_output_on_the_torchscript_route() -> None:
+    """F4: a dataclass output, which TorchScript cannot compile, made fxmobile trace the module,
+    and torch.jit.trace failed with a raw RuntimeError ('Tracer cannot infer type'). Now a
+    ScriptingError names the dataclass and the fix (the README's "Bad input"); the FX stage
+    returns the dataclass."""
     model = ReturnsDataclass().eval()
     x = torch.randn(2, 2)
-    module = fxmobile.optimize(model, example_inputs=x).module
-    with torch.no_grad():
-        got, expected = module(x), model(x)
+    with pytest.raises(ScriptingError, match=r"returns a dataclass \(SingleData\).*Fix"):
+        fxmobile.optimize(model, example_inputs=x)
+    got = fxmobile.optimize_fx(model, x).graph_module(x)
     assert isinstance(got, SingleData)
-    torch.testing.assert_close(got.out, expected.out)
+    torch.testing.assert_close(got.out, model(x).out)
 
 
 class WritesItsInputBeforeAHookedLinear(nn.Module):
@@ -460,12 +462,9 @@ class WritesItsInputBeforeAHookedLinear(nn.Module):
         return self.fc(self.relu(x))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fxmobile bug F5: when scripting fails, torch.jit.trace runs the graph on the "
-    "caller's example_inputs themselves, and a forward that writes its input writes them",
-)
 def test_regression_tracing_fallback_leaves_example_inputs_alone() -> None:
+    """F5: when scripting failed, torch.jit.trace ran the graph on the caller's example inputs
+    themselves: a forward writing its input wrote them. It now traces on clones."""
     model = WritesItsInputBeforeAHookedLinear().eval()
     x = torch.randn(2, 2)
     given = x.clone()
@@ -483,12 +482,10 @@ class ReturnsNamedTupleFromAHookedLinear(nn.Module):
         return Single(self.fc(x))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fxmobile bug F6: the tracing fallback returns a plain tuple for a NamedTuple output, "
-    "and the check then refuses the model with InvalidValueError (a different output structure)",
-)
 def test_regression_tracing_fallback_keeps_a_namedtuple_output() -> None:
+    """F6: torch.jit.trace returned a NamedTuple output as a plain tuple, and the check refused
+    the model (InvalidValueError: another output structure). The traced module is now wrapped
+    in a scripted one that builds the NamedTuple again."""
     model = ReturnsNamedTupleFromAHookedLinear().eval()
     x = torch.randn(2, 2)
     module = fxmobile.optimize(model, example_inputs=x).module
@@ -510,13 +507,9 @@ class WritesAChunkOfAHookedLinear(nn.Module):
         return y
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fxmobile bug F7: the tracing fallback runs torch.jit.trace with autograd on, so a "
-    "write through a chunk / split / unbind view of a result fails with a raw RuntimeError "
-    "('Output 0 of Split is a view and is being modified inplace')",
-)
 def test_regression_tracing_fallback_takes_writes_through_multi_output_views() -> None:
+    """F7: torch.jit.trace ran with autograd on, so a write through a chunk / split / unbind view
+    raised a raw RuntimeError that eager under no_grad does not. It now traces under no_grad."""
     model = WritesAChunkOfAHookedLinear().eval()
     x = torch.randn(2, 4)
     module = fxmobile.optimize(model, example_inputs=x).module
@@ -535,14 +528,10 @@ class WritesACopyBeforeAHookedConv(nn.Module):
         return self.conv(y)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fxmobile bug F8: in a traced graph (aten::_convolution), torch's conv1d -> conv2d "
-    "pass rebuilds every conv above an in-place write to its input; conv1d_to_conv2d only "
-    "guards methods that have an aten::conv1d (the gate: 'first diverge after script pass "
-    "conv1d_to_conv2d')",
-)
 def test_regression_traced_conv_is_not_moved_above_a_write_to_its_input() -> None:
+    """F8: in a traced graph (``aten::_convolution``), torch's conv1d -> conv2d rewrite rebuilt
+    every conv above an in-place write to its input, and the gate refused a valid model.
+    Fixed on main by ``canonicalize_convolutions``, which runs first."""
     torch.manual_seed(0)
     model = WritesACopyBeforeAHookedConv().eval()
     x = torch.randn(1, 1, 3, 3)
