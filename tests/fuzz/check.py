@@ -142,7 +142,7 @@ def _check_model(stage: Stage, spec: ModelSpec) -> str | None:
     assume(all(bool(t.isfinite().all()) for t in [*eager, *ref64]))
     noise = rounding_noise(model, spec, eager, ref64)
     eager_calls = hook_calls(model, lambda: run(model, spec))
-    refusals = documented_refusals(spec)
+    refusals = documented_refusals(spec, stage.value)
     if spec.cold_cache:
         clear_caches(model)  # as a model that has not run yet
     untouched = Untouched.take(model)

@@ -47,6 +47,24 @@ FILLS_A_CACHE = Refusal(
 )
 
 
+ROOT_HOOK = Refusal(
+    "a hook on the model itself that cannot be traced",
+    fxmobile.CaptureError,
+    r"FuzzModel has a forward (pre-)?hook on itself \(.*\) that fxmobile cannot trace.*Fix:",
+    "Hooks: a hook on the model itself that is not a plain pure function is refused "
+    "(Bad input: CaptureError ... Fix: register it on a submodule)",
+    required=True,
+)
+DATACLASS_OUTPUT = Refusal(
+    "a dataclass output on a traced TorchScript module",
+    fxmobile.FxMobileError,
+    r"returns a dataclass \((Single|Pair)Data\).*Fix: return a tuple, dict or NamedTuple",
+    "Bad input: a dataclass output, through optimize, when TorchScript cannot compile the model "
+    "(so it is traced): ScriptingError",
+    required=False,
+)
+
+
 SUBCLASSED_BATCHNORM = Refusal(
     "subclassed BatchNorm: control flow on its input",
     fxmobile.CaptureError,
@@ -58,10 +76,14 @@ SUBCLASSED_BATCHNORM = Refusal(
 )
 
 
-def documented_refusals(spec: ModelSpec) -> list[Refusal]:
-    """The refusals the README documents for ``spec``'s model (none: it must be optimized).
+def documented_refusals(spec: ModelSpec, stage: str) -> list[Refusal]:
+    """The refusals the README documents for ``spec``'s model through ``stage`` (a
+    ``tests.fuzz.check.Stage`` value; none: it must be optimized).
 
     - torch's global module hooks registered while optimizing: refused, always;
+    - a hook on the model itself that is not a plain pure function: refused, always;
+    - a dataclass output through ``optimize``: TorchScript cannot compile it, and a traced
+      module cannot return it;
     - a subclass of a BatchNorm overriding ``forward``: torch.fx traces into it, and
       BatchNorm's ``forward`` branches on its input's rank (untraceable control flow);
     - a cache that ``forward`` fills: an empty one (the model has not run yet) is filled by the
@@ -72,6 +94,10 @@ def documented_refusals(spec: ModelSpec) -> list[Refusal]:
     found = []
     if spec.global_hook:
         found.append(GLOBAL_HOOKS)
+    if any(not h.traceable for h in spec.root_hooks):
+        found.append(ROOT_HOOK)
+    if spec.output_type == "dataclass" and stage == "script-cpu":
+        found.append(DATACLASS_OUTPUT)
     if any(b.kind is Kind.BATCHNORM and b.options.get("subclass") for b in spec.blocks):
         found.append(SUBCLASSED_BATCHNORM)
     caches = [b for b in spec.blocks if b.kind is Kind.CACHE]
