@@ -182,7 +182,8 @@ def trace_model(
     for use_shapes in attempts:
         tracer = _tracer(use_shapes, leaf_types, set(leaf_paths), traced_hooks)
         try:
-            traced = _trace_once(model, options, tracer, concrete, traced_hooks)
+            with _undone_on_failure(model):
+                traced = _trace_once(model, options, tracer, concrete, traced_hooks)
         except Exception as exc:
             declined.append(f"{_route(use_shapes)} tracing failed: {_first_line(exc)}")
             last = (exc, tracer.failed_path)
@@ -193,7 +194,8 @@ def trace_model(
     while options.auto_leaf:
         tracer = _tracer(shaped, leaf_types, paths, traced_hooks)
         try:
-            traced = _trace_once(model, options, tracer, concrete, traced_hooks)
+            with _undone_on_failure(model):
+                traced = _trace_once(model, options, tracer, concrete, traced_hooks)
         except Exception as exc:
             path = tracer.failed_path
             last = (exc, path)
@@ -206,6 +208,20 @@ def trace_model(
         return traced
     assert last is not None
     raise TraceFailed(last[0], last[1], declined)
+
+
+@contextlib.contextmanager
+def _undone_on_failure(model: nn.Module) -> Iterator[None]:
+    """A failed attempt leaves nothing on ``model``: torch.fx stores each tensor constant it
+    meets as a new root attribute (``_tensor_constant0``) while tracing, and capture would take
+    one left by a failed route for a change the model's forward made."""
+    before = set(vars(model))
+    try:
+        yield
+    except BaseException:
+        for name in set(vars(model)) - before:
+            delattr(model, name)
+        raise
 
 
 def _route(shaped: bool) -> str:
