@@ -158,8 +158,8 @@ def _trace(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[torch.jit.ScriptM
     """``torch.jit.trace`` of ``model`` under ``no_grad`` on clones of ``inputs``, its output
     structure kept (``_Regroup``), and torch's tracer warnings."""
     name = type(model).__name__
-    with torch.no_grad():
-        outputs = model(*clone_inputs(inputs))
+    with torch.no_grad():  # on a copy: a forward that fills a cache must trace its first call
+        outputs = deep_copy(model)(*clone_inputs(inputs))
     leaves, spec = pytree.tree_flatten(outputs)
     for leaf in leaves:
         if dataclasses.is_dataclass(leaf):
