@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tests.fuzz.spec import ModelSpec
+from tests.fuzz.spec import Kind, ModelSpec
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,22 @@ class OpenFinding:
 
 
 ALL_STAGES = ("fx", "fx-channels-last", "script-cpu")
-# None open: F2-F8 are fixed, each guarded by its test_regression_* (F1 is a note).
-OPEN: tuple[OpenFinding, ...] = ()
+# F2-F9 are fixed, each guarded by its test_regression_* (F1 is a note).
+OPEN: tuple[OpenFinding, ...] = (
+    OpenFinding(
+        "F10",
+        ("script-cpu",),
+        lambda spec: _has_hooks(spec) and any(b.kind is Kind.CACHE for b in spec.blocks),
+        r"^AssertionError: hooked modules traced \(True\) or kept \(False\): the report says "
+        r"\{\}",
+    ),
+)
+
+
+def _has_hooks(spec: ModelSpec) -> bool:
+    """Hooks on the model or its layers (a cache's state change sends the model to capture's
+    TorchScript fallback, whose report lists no hooks: F10)."""
+    return bool(spec.root_hooks) or any(b.hooks for b in spec.blocks)
 
 
 def open_finding(stage: str, spec: ModelSpec, failure: BaseException) -> OpenFinding | None:
