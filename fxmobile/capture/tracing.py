@@ -9,12 +9,16 @@
    opaque leaf, and again, until the top-level forward traces.
 
 Each route declined is remembered with why, for the report. Hooks traced into the graph
-(``fxmobile.capture.hooks``) run in every route.
+(``fxmobile.capture.hooks``) run in every route, and in every route item assignment
+(``y[:, 0] = c``, which ``torch.fx``'s proxies refuse) is recorded as an ``operator.setitem``
+node: a write every pass sees (``fxmobile.ops`` reads it as ``index_put_``), and TorchScript
+compiles as the same assignment.
 """
 
 from __future__ import annotations
 
 import contextlib
+import operator
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,9 +29,29 @@ from torch import fx, nn
 
 from fxmobile.capture.hook_watch import watch_hook_registration
 from fxmobile.capture.hooks import RootHooks, run_forward_hooks, run_pre_hooks
-from fxmobile.capture.shapes import RootForward, ShapeTracer, parameter_inputs
+from fxmobile.capture.shapes import RootForward, ShapedProxy, ShapeTracer, parameter_inputs
 from fxmobile.errors import innermost_user_frame
 from fxmobile.options import Options
+
+
+class WritableProxy(fx.Proxy):
+    """A proxy that records item assignment: ``y[key] = value`` -> ``operator.setitem(y, key,
+    value)`` (``key`` may hold slices, ints, None, Ellipsis, proxies). Its attributes
+    (``y.mT``) record it too."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.tracer.create_proxy("call_function", operator.setitem, (self, key, value), {})
+
+    def __getattr__(self, name: str) -> Any:
+        return WritableAttribute(self, name)
+
+
+class WritableAttribute(fx.proxy.Attribute, WritableProxy):
+    """``fx``'s lazily recorded attribute of a proxy, taking item assignment as well."""
+
+
+class ShapedWritableProxy(ShapedProxy, WritableProxy):
+    """A shape-aware proxy that records item assignment."""
 
 
 class Tracer(fx.Tracer):
@@ -58,6 +82,9 @@ class Tracer(fx.Tracer):
                 self.frames[node.name] = where
         return node
 
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return WritableProxy(node, self)
+
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if module_qualified_name in self.leaf_paths or isinstance(m, self.leaf_types):
             return True
@@ -87,6 +114,9 @@ class ShapedTracer(ShapeTracer, Tracer):
     a module's attributes are its real tensors and its submodules run as eager code, so the
     computation records nothing in the graph.
     """
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return ShapedWritableProxy(node, self)
 
     def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict[str, Any]) -> Any:
         if self.computing:
@@ -153,7 +183,8 @@ def trace_model(
     for use_shapes in attempts:
         tracer = _tracer(use_shapes, leaf_types, set(leaf_paths), traced_hooks)
         try:
-            traced = _trace_once(model, options, tracer, concrete, traced_hooks)
+            with _undone_on_failure(model):
+                traced = _trace_once(model, options, tracer, concrete, traced_hooks)
         except Exception as exc:
             declined.append(f"{_route(use_shapes)} tracing failed: {_first_line(exc)}")
             last = (exc, tracer.failed_path)
@@ -164,7 +195,8 @@ def trace_model(
     while options.auto_leaf:
         tracer = _tracer(shaped, leaf_types, paths, traced_hooks)
         try:
-            traced = _trace_once(model, options, tracer, concrete, traced_hooks)
+            with _undone_on_failure(model):
+                traced = _trace_once(model, options, tracer, concrete, traced_hooks)
         except Exception as exc:
             path = tracer.failed_path
             last = (exc, path)
@@ -177,6 +209,20 @@ def trace_model(
         return traced
     assert last is not None
     raise TraceFailed(last[0], last[1], declined)
+
+
+@contextlib.contextmanager
+def _undone_on_failure(model: nn.Module) -> Iterator[None]:
+    """A failed attempt leaves nothing on ``model``: torch.fx stores each tensor constant it
+    meets as a new root attribute (``_tensor_constant0``) while tracing, and capture would take
+    one left by a failed route for a change the model's forward made."""
+    before = set(vars(model))
+    try:
+        yield
+    except BaseException:
+        for name in set(vars(model)) - before:
+            delattr(model, name)
+        raise
 
 
 def _route(shaped: bool) -> str:

@@ -7,6 +7,14 @@ inception_v3 annotate a namedtuple and return a tensor): the annotation is dropp
 TorchScript infers the return type. When scripting still fails and example inputs were given,
 the module is traced instead and the report says so.
 
+Tracing (``_trace``) runs the module as every other run in fxmobile does: under ``no_grad``
+(with autograd on, a write through a ``chunk`` / ``split`` / ``unbind`` view raises) and on
+clones of the example inputs (a forward may write to its input; the caller's are never
+written). ``torch.jit.trace`` returns NamedTuples as plain tuples, so a module returning one is
+traced with its outputs flattened and wrapped in a scripted module that builds the NamedTuple
+again (TorchScript's copy of the class, as a scripted module returns). A dataclass output
+cannot come back from TorchScript as the user's class: ``ScriptingError``, naming it.
+
 The FX stage's last pass (``fxmobile.passes.inline_modules``) has written calls to standard leaf
 modules out as the functions their ``forward`` calls: TorchScript then compiles one method
 instead of one type per submodule, and freezing has nothing to inline.
@@ -15,15 +23,19 @@ instead of one type per submodule, and freezing has nothing to inline.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import operator
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import fx, nn
+from torch.utils import _pytree as pytree
 
 from fxmobile.capture.checks import deep_copy
 from fxmobile.errors import ScriptingError
+from fxmobile.verify import clone_inputs
 
 
 def quietly_script(module: torch.nn.Module) -> torch.jit.ScriptModule:
@@ -80,10 +92,7 @@ def to_torchscript(
                 f"{exc}\nFix: pass example_inputs so fxmobile can trace it instead, or mark the "
                 f"submodule named above as a leaf and make it scriptable."
             ) from exc
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
-        warnings.filterwarnings("ignore", message=r".*torch\.jit\.trace. is deprecated")
-        traced = torch.jit.trace(gm, example_inputs, check_trace=False, strict=False)
+    traced, _ = _trace(gm, example_inputs)
     note = (
         f"scripting failed ({first}); traced with the example inputs instead, so control "
         f"flow is fixed to the path those inputs took"
@@ -146,12 +155,93 @@ def fallback_to_torchscript(model: nn.Module, example_inputs: tuple[Any, ...] | 
 
 
 def _trace(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[torch.jit.ScriptModule, list[str]]:
-    with warnings.catch_warnings(record=True) as caught:
+    """``torch.jit.trace`` of ``model`` under ``no_grad`` on clones of ``inputs``, its output
+    structure kept (``_Regroup``), and torch's tracer warnings."""
+    name = type(model).__name__
+    with torch.no_grad():  # on a copy: a forward that fills a cache must trace its first call
+        outputs = deep_copy(model)(*clone_inputs(inputs))
+    leaves, spec = pytree.tree_flatten(outputs)
+    for leaf in leaves:
+        if dataclasses.is_dataclass(leaf):
+            cls = type(leaf).__name__
+            raise ScriptingError(
+                f"the optimized {name} returns a dataclass ({cls}), and TorchScript cannot "
+                f"compile it, so fxmobile traced it; a traced module cannot return a {cls} "
+                f"either. Fix: return a tuple, dict or NamedTuple of tensors from forward."
+            )
+    regroup = _has_namedtuple(outputs)
+    traced_module = _Flatten(model) if regroup else model
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
         warnings.simplefilter("always", torch.jit.TracerWarning)
         warnings.filterwarnings("ignore", message=r".*torch\.jit\.trace. is deprecated")
-        traced = torch.jit.trace(model, inputs, check_trace=False, strict=False)
+        try:
+            traced = torch.jit.trace(
+                traced_module, clone_inputs(inputs), check_trace=False, strict=False
+            )
+        except Exception as exc:
+            raise ScriptingError(
+                f"torch.jit.trace could not trace the optimized {name}: {_first_line(exc)}. "
+                f"Fix: make forward scriptable (torch.jit.script), or return tensors, or "
+                f"tuples, lists or dicts of them."
+            ) from exc
     found = [str(w.message) for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
+    if regroup:
+        traced = _regroup(traced, len(inputs), leaves, spec, name)
     return traced, list(dict.fromkeys(found))
+
+
+def _has_namedtuple(value: Any) -> bool:
+    if pytree.is_namedtuple(value):
+        return True
+    if isinstance(value, tuple | list):
+        return any(_has_namedtuple(v) for v in value)
+    return isinstance(value, dict) and any(_has_namedtuple(v) for v in value.values())
+
+
+class _Flatten(nn.Module):
+    """``inner``'s tensor outputs as one flat tuple (what ``torch.jit.trace`` keeps)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
+        leaves = pytree.tree_leaves(self.inner(*args))
+        return tuple(t for t in leaves if isinstance(t, torch.Tensor))
+
+
+def _regroup(
+    traced: torch.jit.ScriptModule,
+    n_inputs: int,
+    leaves: list[Any],
+    spec: pytree.TreeSpec,
+    name: str,
+) -> torch.jit.ScriptModule:
+    """A scripted module calling ``traced`` (flat tensor outputs) and putting them back in the
+    structure ``spec`` describes, NamedTuples included; non-tensor ``leaves`` as constants."""
+    graph = fx.Graph()
+    args = [graph.placeholder(f"input_{i}") for i in range(n_inputs)]
+    flat = graph.call_module("traced", tuple(args))
+    rebuilt: list[Any] = []
+    index = 0
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            rebuilt.append(graph.call_function(operator.getitem, (flat, index)))
+            index += 1
+        else:
+            rebuilt.append(leaf)
+    graph.output(pytree.tree_unflatten(rebuilt, spec))
+    root = nn.Module()
+    root.traced = traced
+    try:
+        return quietly_script(fx.GraphModule(root, graph, class_name=name))
+    except Exception as exc:
+        raise ScriptingError(
+            f"the optimized {name} was traced (TorchScript could not compile it), which returns "
+            f"NamedTuples as plain tuples, and TorchScript could not compile a module building "
+            f"them again: {_first_line(exc)}. Fix: annotate the NamedTuple's fields "
+            f"(typing.NamedTuple), or return a tuple or dict."
+        ) from exc
 
 
 def _first_line(exc: Exception) -> str:
