@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fxmobile-installed
 CSRC := $(shell find fxmobile -name '*.cpp' -o -name '*.h' 2>/dev/null)
 
-.PHONY: demo test test-slow zoo zoo-quick fuzz-long install clean runtimes mutants
+.PHONY: demo test test-slow zoo zoo-quick fuzz-long install clean runtimes peers mutants
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ clean:
 # venv has a stamp, so a second run does nothing; `make clean` leaves them (gigabytes).
 runtimes:
 	$(PYTHON) fxmobile/runtime/install.py .runtimes
+
+# The benchmark's peers in venvs of their own under .runtimes/ (README, "Performance"): ExecuTorch
+# 1.5.1 with its XNNPACK delegate, which pins its own torch. Idempotent like `make runtimes`.
+peers:
+	$(PYTHON) fxmobile/runtime/install.py --peers .runtimes
 
 # The differential fuzzer's long profile (the default profile runs in `make test`).
 fuzz-long: $(STAMP)

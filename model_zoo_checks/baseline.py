@@ -8,7 +8,15 @@ One entry per ``model/backend``. A run regresses when, for an entry in the basel
   never counts; and, for a model that was within its tolerance, never above the tolerance;
 - unfused_ops: more ops left unfused than before (the op structure is deterministic);
 - latency_ratio: optimized/eager median latency above the baseline ratio by more than
-  ``latency_margin`` (25%) of it, the noise a shared machine leaves in interleaved medians.
+  ``latency_margin`` (25%) of it, the noise a shared machine leaves in interleaved medians;
+- runtime: on a reference runtime (``--runtime``) the file loaded before and now does not, or
+  it matched eager before and now differs (or fails to run);
+- runtime_ratio: fxmobile's file over upstream's ``optimize_for_mobile`` file, median latency
+  on torch 2.12.1's XNNPACK, above the baseline ratio by more than ``latency_margin``.
+
+A NaN error or ratio is never within a bound (every comparison is written ``not new <= bound``).
+The run confirms a latency regression by timing the model again alone before reporting it
+(``model_zoo_checks.confirm``).
 
 Improvements, new models and models not run (skipped, unsupported) are never regressions; a
 model that failed in the baseline and still fails is a known failure.
@@ -19,12 +27,20 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
-from model_zoo_checks.results import ModelResult, Status, record_from_dict, record_to_dict
+from model_zoo_checks.results import (
+    NOT_LOADED,
+    PASSED_ON_RUNTIME,
+    ModelResult,
+    Status,
+    record_from_dict,
+    record_to_dict,
+)
 
 VERSION = 1
 DEFAULT_PATH = Path(__file__).with_name("baseline.json")
@@ -46,6 +62,11 @@ class Metric(enum.StrEnum):
     RELATIVE_ERROR = "relative_error"
     UNFUSED_OPS = "unfused_ops"
     LATENCY_RATIO = "latency_ratio"
+    RUNTIME = "runtime"
+    RUNTIME_RATIO = "runtime_ratio"
+
+
+LATENCY_METRICS = frozenset({Metric.LATENCY_RATIO, Metric.RUNTIME_RATIO})
 
 
 @dataclass(frozen=True)
@@ -88,6 +109,8 @@ class BaselineEntry:
     unfused_by_op: dict[str, int] = field(default_factory=dict)
     file_bytes: int | None = None
     latency_ratio: float | None = None
+    runtimes: dict[str, str] = field(default_factory=dict)  # runtime -> RuntimeRecord.verdict
+    runtime_ratio: float | None = None
 
     @classmethod
     def from_result(cls, result: ModelResult) -> BaselineEntry:
@@ -102,6 +125,8 @@ class BaselineEntry:
             unfused_by_op=dict(sorted(result.unfused_by_op.items())),
             file_bytes=result.file_bytes,
             latency_ratio=result.latency_ratio,
+            runtimes={v: r.verdict for v, r in sorted(result.runtimes.items())},
+            runtime_ratio=result.runtime_ratio,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -136,7 +161,8 @@ def save(baseline: Baseline, path: Path) -> None:
 def merged(baseline: Baseline, results: Iterable[ModelResult]) -> Baseline:
     """``baseline`` with the entries of the models that ran replaced; the rest kept.
 
-    A run without latency (``--rounds 0``, or a GPU backend) keeps the baseline's ratio.
+    A run without latency (``--rounds 0``, or a GPU backend) keeps the baseline's ratios, and
+    one without ``--runtime`` (or with one runtime) the runtimes it did not check.
     """
     out = dict(baseline)
     for result in results:
@@ -144,10 +170,19 @@ def merged(baseline: Baseline, results: Iterable[ModelResult]) -> Baseline:
             continue
         entry = BaselineEntry.from_result(result)
         old = baseline.get(result.id)
-        if entry.latency_ratio is None and old is not None:
-            entry = dataclasses.replace(entry, latency_ratio=old.latency_ratio)
+        if old is not None:
+            entry = dataclasses.replace(
+                entry,
+                latency_ratio=_first(entry.latency_ratio, old.latency_ratio),
+                runtime_ratio=_first(entry.runtime_ratio, old.runtime_ratio),
+                runtimes=dict(sorted({**old.runtimes, **entry.runtimes}.items())),
+            )
         out[result.id] = entry
     return out
+
+
+def _first(value: float | None, fallback: float | None) -> float | None:
+    return fallback if value is None else value
 
 
 def compare(
@@ -176,10 +211,11 @@ def _regressions(new: ModelResult, old: BaselineEntry, limits: Thresholds) -> li
     found = []
     if old.status is Status.PASSED and not new.passed:
         found.append(regression(Metric.STATUS, "passed", str(new.status), detail=new.error or ""))
-    if new.relative_error is not None and old.relative_error is not None:
+    # A baseline NaN error belongs to a model that failed then: its status says what changed.
+    if new.relative_error is not None and _finite(old.relative_error):
         tolerance = new.tolerance if new.tolerance is not None else old.tolerance or 0.0
         bound = limits.error_bound(old.relative_error, tolerance)
-        if new.relative_error > bound:
+        if not new.relative_error <= bound:
             found.append(
                 regression(Metric.RELATIVE_ERROR, old.relative_error, new.relative_error, bound)
             )
@@ -187,12 +223,25 @@ def _regressions(new: ModelResult, old: BaselineEntry, limits: Thresholds) -> li
     if before is not None and after is not None and after > before:
         grown = _grown(old.unfused_by_op, new.unfused_by_op)
         found.append(regression(Metric.UNFUSED_OPS, before, after, detail=grown))
-    ratio = new.latency_ratio
-    if ratio is not None and old.latency_ratio is not None:
-        bound = old.latency_ratio * (1 + limits.latency_margin)
-        if ratio > bound:
-            found.append(regression(Metric.LATENCY_RATIO, old.latency_ratio, ratio, bound))
+    for version, record in sorted(new.runtimes.items()):
+        was = old.runtimes.get(version)
+        stopped_loading = was not in (None, NOT_LOADED) and not record.loads
+        if stopped_loading or (was == PASSED_ON_RUNTIME and not record.passed):
+            detail = f"torch {version}: {record.error or 'outputs differ from eager'}"
+            found.append(regression(Metric.RUNTIME, was, record.verdict, detail=detail))
+    for metric, old_ratio, new_ratio in (
+        (Metric.LATENCY_RATIO, old.latency_ratio, new.latency_ratio),
+        (Metric.RUNTIME_RATIO, old.runtime_ratio, new.runtime_ratio),
+    ):
+        if new_ratio is not None and _finite(old_ratio):
+            bound = old_ratio * (1 + limits.latency_margin)
+            if not new_ratio <= bound:
+                found.append(regression(metric, old_ratio, new_ratio, bound))
     return found
+
+
+def _finite(value: float | None) -> TypeGuard[float]:
+    return value is not None and math.isfinite(value)
 
 
 def _grown(old: Mapping[str, int], new: Mapping[str, int]) -> str:

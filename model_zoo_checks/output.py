@@ -26,6 +26,13 @@ HEADERS = [
     "optimized ms",
     "speedup",
 ]
+# With --runtime: the file on each reference runtime, and the interleaved latency run on 2.12.1.
+RUNTIME_HEADERS = [
+    "2.12.1 ms: eager (2.15, ATen)",
+    "fxmobile file (2.12.1, XNNPACK)",
+    "upstream file (2.12.1, XNNPACK)",
+    "fxmobile / upstream",
+]
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -50,8 +57,56 @@ def _row(r: ModelResult) -> list[Any]:
     ]
 
 
+def _runtime_cells(r: ModelResult, versions: Sequence[str]) -> list[Any]:
+    cells: list[Any] = []
+    for version in versions:
+        record = r.runtimes.get(version)
+        if record is None:
+            cells.append("")
+        elif record.passed:
+            cells.append(f"ok {_num(record.relative_error, '.0e')}")
+        else:
+            cells.append(record.verdict.upper())
+    ms = r.runtime_ms
+    ratio = r.runtime_ratio
+    cells += [
+        _num(ms.get("eager"), ".1f"),
+        _num(ms.get("fxmobile"), ".1f"),
+        _num(ms.get("upstream"), ".1f"),
+        "" if ratio is None else f"{ratio:.2f}",
+    ]
+    return cells
+
+
+def runtime_versions_of(results: Sequence[ModelResult]) -> list[str]:
+    return sorted({v for r in results for v in r.runtimes})
+
+
 def render_table(results: Sequence[ModelResult], fmt: str = "simple") -> str:
-    return tabulate([_row(r) for r in results], headers=HEADERS, tablefmt=fmt)
+    """One row per result; with runtime records, a column per runtime (the file's verdict and
+    relative error there) and the 2.12.1 latency run (each header names runtime and kernels).
+    Latency columns are medians in ms, batch 1; eager and optimized ran here, torch 2.15, on
+    ATen and on fxmobile._C."""
+    versions = runtime_versions_of(results)
+    if not versions:
+        return tabulate([_row(r) for r in results], headers=HEADERS, tablefmt=fmt)
+    rows = [_row(r) + _runtime_cells(r, versions) for r in results]
+    headers = HEADERS + [f"on {v}" for v in versions] + RUNTIME_HEADERS
+    return tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True)
+
+
+def runtime_counts(results: Sequence[ModelResult]) -> list[str]:
+    """Per runtime: how many files loaded and how many matched eager, of those checked."""
+    lines = []
+    for version in runtime_versions_of(results):
+        records = [r.runtimes[version] for r in results if version in r.runtimes]
+        loads = sum(record.loads for record in records)
+        passed = sum(record.passed for record in records)
+        lines.append(
+            f"torch {version}: {loads}/{len(records)} files load, {passed}/{len(records)} match "
+            f"eager"
+        )
+    return lines
 
 
 def render_problems(results: Sequence[ModelResult]) -> list[str]:
@@ -59,6 +114,12 @@ def render_problems(results: Sequence[ModelResult]) -> list[str]:
     by reason (the whole detectors share one)."""
     lines = [
         f"{r.id}: {r.status.value}: {r.error}" for r in results if r.status.ran and not r.passed
+    ]
+    lines += [
+        f"{r.id} on torch {v}: {record.verdict}: {record.error or 'outputs differ from eager'}"
+        for r in results
+        for v, record in sorted(r.runtimes.items())
+        if not record.passed
     ]
     not_run: dict[tuple[Status, str], list[str]] = {}
     for r in results:
@@ -76,6 +137,7 @@ def render_markdown(
 ) -> str:
     parts = ["# fxmobile model zoo run", ""]
     parts += [f"- {key}: {value}" for key, value in meta.items()]
+    parts += [f"- {line}" for line in runtime_counts(results)]
     parts += ["", render_table(results, "github"), "", "## Regressions against the baseline", ""]
     parts += [f"- {r}" for r in regressions] or ["None."]
     problems = render_problems(results)

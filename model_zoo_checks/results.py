@@ -21,6 +21,39 @@ class Status(enum.StrEnum):
         return self in (Status.PASSED, Status.FAILED, Status.ERROR)
 
 
+PASSED_ON_RUNTIME = "ok"
+NOT_LOADED = "does not load"
+
+
+@dataclass
+class RuntimeRecord:
+    """The model's saved CPU file in one reference runtime (``--runtime``), against eager."""
+
+    runtime: str  # "2.12.1"
+    kernels: str  # what its prepacked:: ops ran on there
+    loads: bool
+    passed: bool = False  # loads, runs, and every output within the model's tolerance
+    relative_error: float | None = None
+    error: str | None = None  # the runtime's own message when it did not load or run
+    upstream_relative_error: float | None = None  # upstream optimize_for_mobile's file there
+
+    @property
+    def verdict(self) -> str:
+        if self.passed:
+            return PASSED_ON_RUNTIME
+        return NOT_LOADED if not self.loads else "loads, differs or fails"
+
+
+# The candidates of the latency run on 2.12.1 (``ModelResult.runtime_ms`` keys), and where each
+# ran: a latency table names the runtime and the kernels of every figure.
+RUNTIME_LATENCY = {
+    "eager": "torch 2.15 here, ATen",
+    "fxmobile": "fxmobile's file on torch 2.12.1, XNNPACK",
+    "upstream": "upstream optimize_for_mobile's file on torch 2.12.1, XNNPACK",
+}
+LATENCY_RUNTIME = "2.12.1"  # the runtime with real XNNPACK kernels, where files are timed
+
+
 @dataclass
 class ModelResult:
     key: str  # ZooModel.key: name, or name@HxW for a resized copy
@@ -44,6 +77,11 @@ class ModelResult:
     optimized_ms: float | None = None
     seconds: float = 0.0  # wall time for this model on this backend, build included
     notes: list[str] = field(default_factory=list)
+    runtimes: dict[str, RuntimeRecord] = field(default_factory=dict)  # --runtime, CPU only
+    runtime_ms: dict[str, float] = field(default_factory=dict)  # medians, RUNTIME_LATENCY keys
+    runtime_p10_ms: dict[str, float] = field(default_factory=dict)
+    # A flagged latency regression is timed again alone; the first figures are kept here.
+    retimed_from: dict[str, float | None] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -60,12 +98,30 @@ class ModelResult:
             return None
         return self.optimized_ms / self.eager_ms
 
+    @property
+    def runtime_ratio(self) -> float | None:
+        """fxmobile's file over upstream's, median latency on 2.12.1: below 1, fxmobile's is
+        faster."""
+        ours, theirs = self.runtime_ms.get("fxmobile"), self.runtime_ms.get("upstream")
+        if ours is None or theirs is None or theirs <= 0:
+            return None
+        return ours / theirs
+
     def to_dict(self) -> dict[str, Any]:
-        return {**record_to_dict(self), "latency_ratio": self.latency_ratio}
+        return {
+            **record_to_dict(self),
+            "latency_ratio": self.latency_ratio,
+            "runtime_ratio": self.runtime_ratio,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ModelResult:
-        return record_from_dict(cls, data)
+        result = record_from_dict(cls, data)
+        result.runtimes = {
+            v: RuntimeRecord(**r) if isinstance(r, Mapping) else r
+            for v, r in result.runtimes.items()
+        }
+        return result
 
 
 R = TypeVar("R")

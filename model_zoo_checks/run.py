@@ -1,9 +1,15 @@
 """The zoo regression run: ``python -m model_zoo_checks [selection] [options]``.
 
-Selects models from the catalogue, checks each on the chosen backends, prints a table, writes
-Markdown and JSON (``--out``), compares with the committed baseline and exits 1 when something
-regressed (see ``model_zoo_checks.baseline`` for what counts). ``--update-baseline`` merges this
-run's results into the baseline instead of failing.
+Selects models from the catalogue, checks each on the chosen backends (and with ``--runtime``
+on the real mobile runtimes), prints a table, writes Markdown and JSON (``--out``), compares
+with the committed baseline and exits 1 when something regressed (see
+``model_zoo_checks.baseline`` for what counts; a latency regression is confirmed by timing the
+model again alone, ``model_zoo_checks.confirm``). ``--update-baseline`` merges this run's
+results into the baseline instead of failing.
+
+``--shard I/N`` runs every N-th model of the selection starting at the I-th, so N machines
+cover it; ``python -m model_zoo_checks merge DIR/zoo.json ...`` (``model_zoo_checks.merge``)
+joins their JSON into one table and one baseline check.
 """
 
 from __future__ import annotations
@@ -22,9 +28,18 @@ from tabulate import tabulate
 
 from fxmobile import Backend
 from fxmobile.cli.common import blocklist_member
+from fxmobile.runtime import RUNTIMES, RuntimeNotInstalledError, require_installed
 from model_zoo_checks import baseline as baseline_io
-from model_zoo_checks.output import plot_speedups, render_problems, render_table, write_outputs
-from model_zoo_checks.runner import RunOptions, quiet_warnings, run_zoo
+from model_zoo_checks.confirm import confirm_latency
+from model_zoo_checks.on_runtimes import runtime_versions
+from model_zoo_checks.output import (
+    plot_speedups,
+    render_problems,
+    render_table,
+    runtime_counts,
+    write_outputs,
+)
+from model_zoo_checks.runner import RunOptions, check_model, quiet_warnings, run_zoo
 from model_zoo_checks.zoo import OPT_IN_KINDS, Kind, ZooModel, all_models, quick_models
 
 
@@ -79,6 +94,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--isolate", action="store_true", help="every model in its own guarded process"
+    )
+    run.add_argument(
+        "--runtime",
+        choices=[*RUNTIMES, "all"],
+        metavar="VERSION",
+        help="also load and run each CPU file on this reference runtime (1.13.1, 2.12.1, or "
+        "all; `make runtimes` installs them); on 2.12.1, time it against upstream's "
+        "optimize_for_mobile file and eager",
+    )
+    run.add_argument(
+        "--shard",
+        type=shard,
+        metavar="I/N",
+        help="run the I-th of N deterministic slices of the selection (1 <= I <= N); "
+        "join the shards' --out JSON with `python -m model_zoo_checks merge`",
     )
     run.add_argument(
         "--memory-limit",
@@ -177,8 +207,29 @@ def _catalogue(entries: Sequence[ZooModel]) -> str:
     return tabulate(rows, headers=headers, maxcolwidths=[None] * 6 + [70])
 
 
+def shard(text: str) -> tuple[int, int]:
+    """``"I/N"`` as ``(I, N)``, 1 <= I <= N."""
+    try:
+        index, count = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not I/N, e.g. 2/4") from None
+    if not 1 <= index <= count:
+        raise argparse.ArgumentTypeError(f"shard {text}: I must be between 1 and N")
+    return index, count
+
+
+def shard_of(entries: Sequence[ZooModel], index: int, count: int) -> list[ZooModel]:
+    """Every ``count``-th entry from the ``index``-th (1-based): the shards of a selection are
+    disjoint, cover it, and interleave the catalogue's big and small families."""
+    return list(entries[index - 1 :: count])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["merge"]:
+        from model_zoo_checks.merge import main as merge_main
+
+        return merge_main(argv[1:])
     args = build_parser().parse_args(argv)
     args.argv = argv
     try:
@@ -188,6 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyError as exc:
         print(f"error: {exc.args[0]}", file=sys.stderr)
         return 2
+    if args.shard:
+        entries = shard_of(entries, *args.shard)
     if args.list:
         print(_catalogue(entries))
         return 0
@@ -206,7 +259,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         isolate=args.isolate,
         memory_limit_gib=args.memory_limit,
         timeout=args.timeout,
+        runtimes=runtime_versions(args.runtime),
     )
+    for version in options.runtimes:
+        try:
+            require_installed(version)
+        except RuntimeNotInstalledError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     thresholds = baseline_io.Thresholds(
         error_growth=args.error_growth,
         error_floor=args.error_floor,
@@ -217,11 +277,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = run_zoo(entries, options)
     seconds = time.monotonic() - start
 
-    print(render_table(results))
-    for line in render_problems(results):
-        print(f"  {line}")
     old = baseline_io.load(args.baseline)
-    regressions = [] if args.no_compare else baseline_io.compare(results, old, thresholds)
+    regressions: list[baseline_io.Regression] = []
+    not_confirmed: list[str] = []
+    if not args.no_compare:
+        confirmed = confirm_latency(results, old, thresholds, entries, options, check_model)
+        results, regressions = confirmed.results, confirmed.regressions
+        not_confirmed = confirmed.not_confirmed
+        for line in not_confirmed:
+            print(f"  {line}")
+    print(render_table(results))
+    for line in render_problems(results) + runtime_counts(results):
+        print(f"  {line}")
     new = baseline_io.not_in_baseline(results, old)
     if new and not args.update_baseline and not args.no_compare:
         print(f"not in the baseline (not compared): {', '.join(new)}")
@@ -233,6 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\nno regressions against {args.baseline}")
 
     meta = _meta(args, options, thresholds, seconds)
+    meta["latency_not_confirmed"] = not_confirmed
     if args.out:
         for path in write_outputs(args.out, results, regressions, meta):
             print(f"wrote {path}")
@@ -267,7 +335,10 @@ def _meta(
         "warmup": options.warmup,
         "threads": options.threads,
         "blocklist": sorted(m.name for m in options.blocklist),
+        "runtimes": list(options.runtimes),
+        "shard": None if args.shard is None else "/".join(map(str, args.shard)),
         "thresholds": vars(thresholds),
         "baseline": str(args.baseline),
         "seconds": round(seconds, 1),
+        "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
     }

@@ -31,7 +31,7 @@ from fxmobile.script.scripting import quietly_script
 from fxmobile.timing import interleaved_medians
 from fxmobile.verify import run_model
 from model_zoo_checks.guard import GuardError, run_json_guarded
-from model_zoo_checks.results import ModelResult, Status, first_line
+from model_zoo_checks.results import ModelResult, RuntimeRecord, Status, first_line
 from model_zoo_checks.zoo import Kind, Route, ZooModel
 
 MAX_ROUNDS = 100
@@ -50,6 +50,7 @@ class RunOptions:
     isolate: bool = False  # every model in its own guarded process, not only the giants
     memory_limit_gib: float = 20.0
     timeout: float = 1800.0
+    runtimes: tuple[str, ...] = ()  # reference runtimes the CPU file goes to (on_runtimes)
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
@@ -62,6 +63,7 @@ class RunOptions:
         data = json.loads(text)
         data["backends"] = tuple(Backend(b) for b in data["backends"])
         data["blocklist"] = frozenset(MobileOptimizerType[m] for m in data["blocklist"])
+        data["runtimes"] = tuple(data.get("runtimes", ()))
         return cls(**data)
 
 
@@ -162,7 +164,38 @@ def _check_backend(
         result.error = first_line(exc)
         return result
     result.status, result.error = _verdict(result)
+    if backend is Backend.CPU and options.runtimes:
+        _on_runtimes(result, module, mobile, inputs, options)
     return result
+
+
+def _on_runtimes(
+    result: ModelResult,
+    module: torch.nn.Module,
+    mobile: fxmobile.MobileResult,
+    inputs: tuple[Any, ...],
+    options: RunOptions,
+) -> None:
+    """The saved file on the reference runtimes (``model_zoo_checks.on_runtimes``); a check
+    that raises is recorded against each runtime it did not reach."""
+    from model_zoo_checks.on_runtimes import check_file_on_runtimes, saved_file
+
+    try:
+        check_file_on_runtimes(
+            result,
+            module,
+            saved_file(mobile),
+            inputs,
+            options.runtimes,
+            options.threads,
+            options.min_time,
+            options.rounds,
+        )
+    except Exception as exc:
+        why = f"the runtime check raised {first_line(exc)}"
+        for version in options.runtimes:
+            if version not in result.runtimes:
+                result.runtimes[version] = RuntimeRecord(version, "", loads=False, error=why)
 
 
 def _rounds(candidates: dict[str, Callable[[], object]], options: RunOptions) -> int:
@@ -181,7 +214,7 @@ def _verdict(result: ModelResult) -> tuple[Status, str | None]:
     tolerance = result.tolerance or 0.0
     if result.relative_error is None:
         return Status.FAILED, "numerics not checked: " + "; ".join(result.notes)
-    if result.relative_error > tolerance:
+    if not result.relative_error <= tolerance:  # NaN fails too
         return Status.FAILED, f"relative error {result.relative_error:.3g} > {tolerance:g}"
     if result.top5_match is False:
         return Status.FAILED, "top-5 indices differ from eager"

@@ -69,7 +69,24 @@ def test_here_counts_its_calls() -> None:
     assert found["here"].runs_on.startswith("torch 2.15.0")
 
 
-@pytest.mark.parametrize("bad", [{"rounds": 0}, {"calls": 0}, {"warmup": -1}])
+def test_min_time_fills_rounds_from_the_warmup_estimate_within_bounds() -> None:
+    log: list[str] = []
+    # one warm-up call each (10 ms + 15 ms): a round is 25 ms, 0.1 s fills 4 rounds
+    a = Scripted("a", [10.0] + [1.0] * 100, log)
+    b = Scripted("b", [15.0] + [1.0] * 100, log)
+    found = compare_latency({"a": a, "b": b}, rounds=2, warmup=1, min_time=0.1)
+    assert found["a"].timing.runs == 4
+    capped = {n: Scripted(n, [0.001] + [1.0] * 100, log) for n in "ab"}
+    found = compare_latency(capped, rounds=2, warmup=0, min_time=1.0, max_rounds=7)
+    assert found["a"].timing.runs == 7  # min_time warms up once even with warmup=0
+    slow = {n: Scripted(n, [900.0] + [1.0] * 10, log) for n in "ab"}
+    assert compare_latency(slow, rounds=3, warmup=1, min_time=1.0)["b"].timing.runs == 3
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"rounds": 0}, {"calls": 0}, {"warmup": -1}, {"min_time": -1.0}, {"max_rounds": 1}],
+)
 def test_bad_settings_are_refused(bad: dict[str, int]) -> None:
     with pytest.raises(InvalidValueError, match="at least"):
         compare_latency({"x": Here(lambda: None, [], "none")}, **bad)

@@ -86,10 +86,14 @@ def against_upstream(
     threads: int = 2,
     tolerance: float = DEFAULT_TOLERANCE,
     here: Mapping[str, Candidate] | None = None,
+    processes: Mapping[str, RuntimeProcess] | None = None,
+    min_time: float = 0.0,
 ) -> AgainstUpstream:
     """``model`` is the eager model (or a ScriptModule) the file was made from, in eval mode.
 
     ``here`` adds candidates of this process to the latency run (eager is always one, first).
+    ``processes`` are running runtimes to use (others are started, and stopped at the end);
+    ``min_time`` gives fast models more rounds (``compare_latency``).
     Every runtime must be installed (checked before anything starts).
     """
     for version in versions:
@@ -98,11 +102,14 @@ def against_upstream(
     inputs = tuple(inputs)
     reference = run_model(model, inputs)
     with contextlib.ExitStack() as stack:
-        processes = {v: stack.enter_context(RuntimeProcess(v, threads=threads)) for v in versions}
+        running = dict(processes or {})
+        for version in versions:
+            if version not in running or running[version]._closed:
+                running[version] = stack.enter_context(RuntimeProcess(version, threads=threads))
         found = AgainstUpstream(
-            check_on_runtimes(data, inputs, versions, reference, tolerance, processes=processes)
+            check_on_runtimes(data, inputs, versions, reference, tolerance, processes=running)
         )
-        upstream = _upstream_files(model, processes, found, stack)
+        upstream = _upstream_files(model, {v: running[v] for v in versions}, found, stack)
         for version, loaded in upstream.items():
             try:
                 outputs = loaded.run(*inputs)
@@ -118,11 +125,13 @@ def against_upstream(
             candidates.update(here or {})
             for check in found.checks:
                 if check.passed:
-                    ours = stack.enter_context(_closing(processes[check.runtime].load(data)))
+                    ours = stack.enter_context(_closing(running[check.runtime].load(data)))
                     candidates[f"fxmobile file on {check.runtime}"] = OnRuntime(ours, inputs)
             for version in found.upstream_checks:
                 candidates[f"upstream file on {version}"] = OnRuntime(upstream[version], inputs)
-            found.latency = compare_latency(candidates, rounds=rounds, calls=calls)
+            found.latency = compare_latency(
+                candidates, rounds=rounds, calls=calls, min_time=min_time
+            )
     return found
 
 

@@ -1,7 +1,8 @@
 """The reference runtimes: which torch releases, pinned how, installed where.
 
 Run by path with any Python 3.11 (``python fxmobile/runtime/install.py [DIR]``, which is what
-``make runtimes`` does): it creates one venv per runtime under ``DIR`` (default ``.runtimes``
+``make runtimes`` does; ``--peers`` for the benchmark's peers, ``make peers``): it creates one
+venv per runtime (or peer) under ``DIR`` (default ``.runtimes``
 at the top of the checkout) with nothing in it but the pinned requirements and what pip pulls
 in for them, and writes a stamp when the install succeeded. A venv whose stamp records the same
 requirements is left alone, so running it again costs nothing; a venv without a stamp (an
@@ -71,6 +72,33 @@ RUNTIMES: dict[str, RuntimeSpec] = {
 }
 
 
+@dataclass(frozen=True)
+class PeerSpec:
+    """A peer runtime the benchmarks compare with, in a venv of its own (it pins its own torch)."""
+
+    name: str  # the folder is named after it: .runtimes/executorch-1.5.1
+    requirements: tuple[str, ...]
+    role: str
+
+    @property
+    def folder_name(self) -> str:
+        return self.name
+
+
+PEERS: dict[str, PeerSpec] = {
+    spec.name: spec
+    for spec in (
+        # ExecuTorch's wheel names no torch; its pybindings link libtorch, so the torch of its
+        # release (2.14) is pinned here, and the torchvision that builds the same models.
+        PeerSpec(
+            "executorch-1.5.1",
+            ("executorch==1.5.1", "torch==2.14.1", "torchvision==0.29.2"),
+            "ExecuTorch 1.5.1 with its XNNPACK delegate (benchmarks/bench_peers.py)",
+        ),
+    )
+}
+
+
 def default_dir() -> Path:
     """``$FXMOBILE_RUNTIMES``, else ``.runtimes`` at the top of the checkout."""
     override = os.environ.get(DIR_VARIABLE)
@@ -79,15 +107,15 @@ def default_dir() -> Path:
     return Path(__file__).resolve().parents[2] / ".runtimes"
 
 
-def venv_dir(spec: RuntimeSpec, root: Path | None = None) -> Path:
+def venv_dir(spec: RuntimeSpec | PeerSpec, root: Path | None = None) -> Path:
     return (root or default_dir()) / spec.folder_name
 
 
-def venv_python(spec: RuntimeSpec, root: Path | None = None) -> Path:
+def venv_python(spec: RuntimeSpec | PeerSpec, root: Path | None = None) -> Path:
     return venv_dir(spec, root) / "bin" / "python"
 
 
-def read_stamp(spec: RuntimeSpec, root: Path | None = None) -> dict[str, object] | None:
+def read_stamp(spec: RuntimeSpec | PeerSpec, root: Path | None = None) -> dict[str, object] | None:
     """The stamp of a finished install with ``spec``'s requirements, else None."""
     path = venv_dir(spec, root) / STAMP
     try:
@@ -99,7 +127,7 @@ def read_stamp(spec: RuntimeSpec, root: Path | None = None) -> dict[str, object]
     return stamp if venv_python(spec, root).exists() else None
 
 
-def install(spec: RuntimeSpec, root: Path) -> dict[str, object]:
+def install(spec: RuntimeSpec | PeerSpec, root: Path) -> dict[str, object]:
     """Create ``spec``'s venv under ``root`` unless its stamp says it is there; the stamp."""
     stamp = read_stamp(spec, root)
     if stamp is not None:
@@ -160,9 +188,11 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    root = Path(argv[0]) if argv else default_dir()
+    peers = "--peers" in argv
+    folders = [a for a in argv if a != "--peers"]
+    root = Path(folders[0]) if folders else default_dir()
     root.mkdir(parents=True, exist_ok=True)
-    for spec in RUNTIMES.values():
+    for spec in (PEERS if peers else RUNTIMES).values():
         install(spec, root)
     return 0
 

@@ -87,21 +87,33 @@ def compare_latency(
     calls: int = 1,
     warmup: int = 2,
     seed: int = 0,
+    min_time: float = 0.0,
+    max_rounds: int = 100,
 ) -> dict[str, Latency]:
     """``warmup`` untimed calls per candidate, then ``rounds`` rounds: each candidate, in a
     fresh shuffled order per round, times ``calls`` calls back to back. Per candidate: the
-    median, 10th and 90th percentile of its ``rounds * calls`` per-call times."""
-    if rounds < 1 or calls < 1 or warmup < 0:
+    median, 10th and 90th percentile of its ``rounds * calls`` per-call times.
+
+    ``min_time`` (seconds) gives fast candidates more rounds: as many as the last warm-up
+    calls say fill that time, at most ``max_rounds`` and never fewer than ``rounds``, so a
+    median of a few milliseconds is not one burst of noise."""
+    if rounds < 1 or calls < 1 or warmup < 0 or max_rounds < rounds or min_time < 0:
         raise InvalidValueError(
-            f"rounds and calls must be at least 1 and warmup at least 0, got rounds={rounds}, "
-            f"calls={calls}, warmup={warmup}"
+            f"rounds and calls must be at least 1, warmup and min_time at least 0, and "
+            f"max_rounds at least rounds; got rounds={rounds}, calls={calls}, warmup={warmup}, "
+            f"min_time={min_time}, max_rounds={max_rounds}"
         )
     if not candidates:
         raise InvalidValueError("compare_latency needs at least one candidate")
     names = list(candidates)
-    if warmup:
+    # Each candidate's last warm-up call estimates a round (min_time needs at least one).
+    warm = max(warmup, 1) if min_time else warmup
+    one_round_ms = 0.0
+    if warm:
         for name in names:
-            candidates[name].time(warmup)
+            one_round_ms += candidates[name].time(warm)[-1] * calls
+    if min_time and one_round_ms > 0:
+        rounds = max(rounds, min(int(min_time * 1000 / one_round_ms), max_rounds))
     samples: dict[str, list[float]] = {name: [] for name in names}
     order = random.Random(seed)
     for _ in range(rounds):

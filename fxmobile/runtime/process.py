@@ -93,11 +93,41 @@ class RuntimeInfo:
         return f"torch {self.torch} (reference runtime)"
 
 
-class RuntimeProcess:
-    """One reference runtime, running in a child process until ``close()``."""
+def require_peer(name: str, runtimes_dir: Path | None = None) -> Path:
+    """The python of peer ``name``'s venv (``install.PEERS``); ``RuntimeNotInstalledError``
+    naming ``make peers`` if absent."""
+    try:
+        spec = install.PEERS[name]
+    except KeyError:
+        known = ", ".join(install.PEERS)
+        raise InvalidValueError(f"{name!r} is not a peer runtime; known: {known}") from None
+    if install.read_stamp(spec, runtimes_dir) is None:
+        raise RuntimeNotInstalledError(
+            f"peer {name} is not installed (no finished install in "
+            f"{install.venv_dir(spec, runtimes_dir)}); run `make peers` at the top of the "
+            f"fxmobile checkout"
+        )
+    return install.venv_python(spec, runtimes_dir)
 
-    def __init__(self, version: str, threads: int = 2, runtimes_dir: Path | None = None) -> None:
-        python = require_installed(version, runtimes_dir)
+
+class RuntimeProcess:
+    """One reference runtime, running in a child process until ``close()``.
+
+    ``python`` and ``script`` start another venv's python on a server script of its own (a
+    peer: ``script`` calls ``server.main`` with a ``Server`` subclass); ``version`` then only
+    names it in messages.
+    """
+
+    def __init__(
+        self,
+        version: str,
+        threads: int = 2,
+        runtimes_dir: Path | None = None,
+        *,
+        python: Path | None = None,
+        script: Path = SERVER,
+    ) -> None:
+        python = python or require_installed(version, runtimes_dir)
         if threads < 1:
             raise InvalidValueError(f"threads must be at least 1, got {threads}")
         self.version = version
@@ -110,7 +140,7 @@ class RuntimeProcess:
         argv = [
             str(python),
             "-I",  # no PYTHONPATH, user site or script folder: only the venv's packages
-            str(SERVER),
+            str(script),
             str(request_read),
             str(reply_write),
             str(os.getpid()),
@@ -203,6 +233,12 @@ class RuntimeProcess:
         schema arguments: what its lite interpreter can resolve."""
         reply, _ = self._request({"op": "operators"})
         return {str(name): int(count) for name, count in reply["operators"].items()}
+
+    def call(self, op: str, **fields: Any) -> dict[str, Any]:
+        """A request a peer's server adds (``op`` and JSON ``fields``); its reply, or
+        ``RuntimeCallError`` with the message it failed with there."""
+        reply, _ = self._request({"op": op, **fields})
+        return reply
 
     def echo(self, value: Any) -> Any:
         """``value`` sent there, decoded by that torch, encoded again and decoded here."""

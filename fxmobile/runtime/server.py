@@ -164,7 +164,7 @@ def runtime_message(exc: BaseException) -> str:
 # --- the server ----------------------------------------------------------------------------
 
 
-class _Server:
+class Server:
     def __init__(self, torch: Any) -> None:
         self.torch = torch
         self.modules: dict[int, Any] = {}
@@ -259,6 +259,19 @@ class _Server:
         self.modules.pop(request["handle"], None)
         return {}, []
 
+    def handlers(self) -> dict[str, Callable[[dict[str, Any], list[bytearray]], tuple]]:
+        """The requests served, by ``op``; a subclass (a peer's server) adds its own."""
+        return {
+            "load": self.load,
+            "upstream_optimize": self.upstream_optimize,
+            "run": self.run,
+            "time": self.time,
+            "echo": self.echo,
+            "bytecode_version": self.bytecode_version,
+            "operators": self.operators,
+            "unload": self.unload,
+        }
+
 
 def _die_with_parent(parent_pid: int, death_signal: bool) -> None:
     """Exit once the parent is gone.
@@ -281,7 +294,9 @@ def _die_with_parent(parent_pid: int, death_signal: bool) -> None:
     threading.Thread(target=watch, name="fxmobile-watchdog", daemon=True).start()
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], server_class: type[Server] | None = None) -> int:
+    """Serve requests until the pipe closes; ``server_class`` (a ``Server`` subclass) lets a
+    peer's script (``benchmarks/executorch_peer.py``) serve requests of its own too."""
     read_fd, write_fd, parent_pid, threads, death_signal = (int(a) for a in argv)
     _die_with_parent(parent_pid, bool(death_signal))
     reader = os.fdopen(read_fd, "rb")
@@ -292,23 +307,14 @@ def main(argv: list[str]) -> int:
         import torch.jit.mobile
 
         torch.set_num_threads(threads)
-        server = _Server(torch)
+        server = (server_class or Server)(torch)
         write_message(writer, {"ok": True, **server.hello()}, [])
     except Exception as exc:
         write_message(
             writer, {"ok": False, "error": runtime_message(exc), "kind": type(exc).__name__}, []
         )
         return 1
-    handlers = {
-        "load": server.load,
-        "upstream_optimize": server.upstream_optimize,
-        "run": server.run,
-        "time": server.time,
-        "echo": server.echo,
-        "bytecode_version": server.bytecode_version,
-        "operators": server.operators,
-        "unload": server.unload,
-    }
+    handlers = server.handlers()
     while True:
         try:
             request, buffers = read_message(reader)
