@@ -160,7 +160,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.is_floating_point() and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)
 
 
-class _Diverged(Exception):
+class _DivergedError(Exception):
     def __init__(self, step: str, detail: str) -> None:
         super().__init__(step)
         self.step, self.detail = step, detail
@@ -187,10 +187,10 @@ def divergence_observer(
             actual = run_calls(runnable, inputs, calls)  # type: ignore[arg-type]
             checks = compare_outputs(expected, actual, tolerance)
         except Exception as exc:
-            raise _Diverged(step, f"fails to run ({type(exc).__name__}: {exc})") from exc
+            raise _DivergedError(step, f"fails to run ({type(exc).__name__}: {exc})") from exc
         failed = [c for c in checks if not c.passed]
         if failed:
-            raise _Diverged(step, describe(failed[0]))
+            raise _DivergedError(step, describe(failed[0]))
 
     return observe
 
@@ -211,7 +211,7 @@ def first_divergence(rerun: Callable[[], object]) -> str:
     or why it could not say."""
     try:
         rerun()
-    except _Diverged as found:
+    except _DivergedError as found:
         return f"the outputs first diverge after {found.step} ({found.detail})"
     except Exception as exc:
         return f"re-running the pipeline pass by pass failed ({type(exc).__name__}: {exc})"

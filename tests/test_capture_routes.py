@@ -257,7 +257,7 @@ def test_quantized_model_left_in_training_mode_by_convert_goes_through() -> None
     with (
         torch.backends.quantized.engine_context("qnnpack")
         if hasattr(torch.backends.quantized, "engine_context")
-        else _engine("qnnpack")
+        else _Engine("qnnpack")
     ):
         converted = torch.ao.quantization.convert(prepared).train()  # the recipe's state
         assert all(m.training for m in converted.modules())
@@ -265,7 +265,7 @@ def test_quantized_model_left_in_training_mode_by_convert_goes_through() -> None
         assert result.report.numerics_passed
 
 
-class _engine:
+class _Engine:
     def __init__(self, name: str) -> None:
         self.name = name
 

@@ -63,9 +63,12 @@ class TensorState:
         found = []
         if t is not self.tensor:
             found.append("replaced by another tensor object")
-        for attr in ("dtype", "shape", "stride", "data_ptr", "requires_grad", "is_parameter"):
-            if getattr(now, attr) != getattr(self, attr):
-                found.append(f"{attr} {getattr(self, attr)} -> {getattr(now, attr)}")
+        attrs = ("dtype", "shape", "stride", "data_ptr", "requires_grad", "is_parameter")
+        found.extend(
+            f"{attr} {getattr(self, attr)} -> {getattr(now, attr)}"
+            for attr in attrs
+            if getattr(now, attr) != getattr(self, attr)
+        )
         if now.bits.shape == self.bits.shape and not torch.equal(now.bits, self.bits):
             found.append("values changed")
         return found

@@ -186,13 +186,13 @@ def graph_writes(graph: fx.Graph) -> list[GraphWrite]:
     return found
 
 
-class WriteSeen(Exception):
+class WriteSeenError(Exception):
     """Raised by ``WriteWatch`` at the user's line that writes to a watched tensor."""
 
 
 class WriteWatch(TorchFunctionMode):
     """While active, an in-place op on a tensor sharing storage with a watched one raises
-    ``WriteSeen``, so the traceback ends at the user's line that did it."""
+    ``WriteSeenError``, so the traceback ends at the user's line that did it."""
 
     def __init__(self, tensors: list[torch.Tensor]) -> None:
         super().__init__()
@@ -211,7 +211,7 @@ class WriteWatch(TorchFunctionMode):
         writes = "out" in kwargs or kwargs.get("inplace") is True
         writes |= isinstance(name, str) and ops.aten(name).writes
         if writes and isinstance(target, torch.Tensor) and _storage(target) in self.storages:
-            raise WriteSeen(name)
+            raise WriteSeenError(name)
         return func(*args, **kwargs)
 
 

@@ -36,14 +36,14 @@ from fxmobile.capture.mutation import (
     GraphWrite,
     StateChange,
     StateSnapshot,
-    WriteSeen,
+    WriteSeenError,
     WriteWatch,
     fx_constants,
     graph_writes,
     owner_name,
 )
 from fxmobile.capture.parametrize import bake_parametrizations, recomputed_by_hooks
-from fxmobile.capture.tracing import ShapedTracer, Traced, TraceFailed, Tracer, trace_model
+from fxmobile.capture.tracing import ShapedTracer, Traced, TraceFailedError, Tracer, trace_model
 from fxmobile.errors import CaptureError, InvalidValueError, user_frame
 from fxmobile.options import Options
 from fxmobile.report.records import HookRecord
@@ -121,7 +121,7 @@ def capture(model: nn.Module, options: Options) -> Capture:
     before = StateSnapshot.of(copied)
     try:
         traced_graph = trace_model(copied, options, leaf_types, leaf_paths, traced)
-    except TraceFailed as failed:
+    except TraceFailedError as failed:
         raise _capture_error(copied, failed.path, failed.error, options.auto_leaf) from failed.error
     graph, tracer = traced_graph.graph, traced_graph.tracer
     changes = before.changes(copied, fx_constants(graph))
@@ -272,7 +272,7 @@ def _locate_write(
         tracer = Tracer(leaf_types, set(leaf_paths), record_frames=True)
         with WriteWatch(tensors):
             tracer.trace(fresh, concrete_args=concrete_args)
-    except WriteSeen as seen:
+    except WriteSeenError as seen:
         return user_frame(seen)
     except Exception:
         return None

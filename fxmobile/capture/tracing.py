@@ -158,7 +158,7 @@ class Traced:
     guards: dict[str, tuple[int, ...]] = field(default_factory=dict)  # input -> its shape
 
 
-class TraceFailed(Exception):
+class TraceFailedError(Exception):
     """Every route failed; ``error`` is the last route's exception, ``path`` its submodule."""
 
     def __init__(self, error: Exception, path: str | None, declined: list[str]) -> None:
@@ -173,7 +173,7 @@ def trace_model(
     leaf_paths: set[str],
     traced_hooks: frozenset[int],
 ) -> Traced:
-    """Trace ``model`` (fxmobile's copy) by the first route that works; ``TraceFailed`` when
+    """Trace ``model`` (fxmobile's copy) by the first route that works; ``TraceFailedError`` when
     none does."""
     concrete = dict(options.concrete_args) if options.concrete_args else None
     shaped = options.example_inputs is not None
@@ -208,7 +208,7 @@ def trace_model(
         traced.auto_leaves, traced.declined = auto, declined
         return traced
     assert last is not None
-    raise TraceFailed(last[0], last[1], declined)
+    raise TraceFailedError(last[0], last[1], declined)
 
 
 @contextlib.contextmanager

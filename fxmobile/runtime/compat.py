@@ -60,6 +60,8 @@ class Verdict:
 
 @dataclass(frozen=True)
 class FileCompatibility:
+    """What a file needs from a runtime, and whether each reference runtime has it."""
+
     bytecode_version: int
     operator_version: int
     operators: dict[str, int]  # operator -> number of schema arguments the file passes
@@ -88,6 +90,7 @@ class FileCompatibility:
 
 
 def read_bytes(file: Path | str | bytes) -> bytes:
+    """The bytes of ``file`` (a path or the bytes themselves); ``InvalidValueError`` if absent."""
     if isinstance(file, bytes):
         return file
     path = Path(file)

@@ -33,6 +33,8 @@ NEWEST_PYTHON = (3, 11)
 
 @dataclass(frozen=True)
 class RuntimeSpec:
+    """A reference runtime: its pins, why it is one, and the figures measured on it."""
+
     version: str  # torch's version, and the name users pass (--runtime 1.13.1)
     requirements: tuple[str, ...]
     role: str  # why it is a reference: shown by the CLI and the README
@@ -108,10 +110,12 @@ def default_dir() -> Path:
 
 
 def venv_dir(spec: RuntimeSpec | PeerSpec, root: Path | None = None) -> Path:
+    """The folder of ``spec``'s venv under ``root`` (default ``.runtimes/``)."""
     return (root or default_dir()) / spec.folder_name
 
 
 def venv_python(spec: RuntimeSpec | PeerSpec, root: Path | None = None) -> Path:
+    """The python executable of ``spec``'s venv."""
     return venv_dir(spec, root) / "bin" / "python"
 
 
@@ -180,6 +184,7 @@ def _gib(n: int) -> str:
 
 
 def main(argv: list[str]) -> int:
+    """Install the runtimes named in ``argv`` (``make runtimes``); the exit status."""
     if sys.version_info[:2] > NEWEST_PYTHON:
         print(
             f"install.py: torch 1.13.1 has no wheel for Python "

@@ -27,6 +27,8 @@ from fxmobile.timing import Timing, summarize
 
 
 class Candidate(Protocol):
+    """Something to time, and where it runs: the names every latency row carries."""
+
     runs_on: str  # "torch 2.15.0, this process" / "torch 2.12.1 (reference runtime)"
     kernels: str  # "fxmobile._C", "XNNPACK", "ATen (eager)"
 

@@ -36,6 +36,8 @@ _OUT_OF_RANGE = 99  # a bytecode version no runtime reads
 
 @dataclass(frozen=True)
 class Measurement:
+    """What one runtime said about bytecode and operator versions."""
+
     runtime: str
     bytecode_range: tuple[int, int]
     loaded_bytecode: tuple[int, ...]
@@ -78,6 +80,7 @@ def measure(runtime: RuntimeProcess, data: bytes, inputs: tuple[Any, ...]) -> Me
 
 
 def main() -> int:
+    """Print the measured figures of every installed runtime next to the recorded ones."""
     data, inputs = sample_file()
     for version, spec in RUNTIMES.items():
         if not installed(version):

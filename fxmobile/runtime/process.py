@@ -53,6 +53,7 @@ def runtime_spec(version: str) -> install.RuntimeSpec:
 
 
 def installed(version: str, runtimes_dir: Path | None = None) -> bool:
+    """Whether ``version``'s venv finished installing."""
     return install.read_stamp(runtime_spec(version), runtimes_dir) is not None
 
 

@@ -60,6 +60,7 @@ class WireError(Exception):
 
 
 def write_message(stream: BinaryIO, header: dict[str, Any], buffers: list[bytes]) -> None:
+    """One message: the JSON header's length, the header, then each buffer's bytes."""
     header = {**header, "buffers": [len(b) for b in buffers]}
     encoded = json.dumps(header).encode()
     stream.write(_LENGTH.pack(len(encoded)))
@@ -165,6 +166,8 @@ def runtime_message(exc: BaseException) -> str:
 
 
 class Server:
+    """The child side: loaded modules by handle, and the requests that run or time them."""
+
     def __init__(self, torch: Any) -> None:
         self.torch = torch
         self.modules: dict[int, Any] = {}

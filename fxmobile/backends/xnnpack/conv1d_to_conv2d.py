@@ -47,6 +47,8 @@ def _string_padded(module: torch.jit.ScriptModule, methods: tuple[str, ...]) -> 
 
 
 class Conv1dToConv2d(ScriptPass):
+    """torch's conv1d -> conv2d rewrite, run only on methods where it cannot reorder a write."""
+
     optimization = MobileOptimizerType.CONV_1D_TO_2D
     summary = "aten::conv1d -> unsqueeze, aten::conv2d, squeeze"
 

@@ -42,6 +42,8 @@ _RELUS = ("aten::relu", "aten::relu_")
 
 
 class FuseAddRelu(ScriptPass):
+    """torch's add + relu fusion, run only on methods where ``_add_relu`` computes the same."""
+
     optimization = MobileOptimizerType.FUSE_ADD_RELU
     summary = "add (+ relu / relu_) -> aten::_add_relu"
 
