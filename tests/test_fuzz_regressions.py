@@ -592,4 +592,3 @@ def test_regression_fallback_route_reports_the_hooks() -> None:
     report = fxmobile.optimize(model, example_inputs=x).report
     assert report.route == "torch.jit.trace"
     assert [h.module for h in report.hooks] == ["fc"]
-

@@ -46,8 +46,10 @@ OPEN: tuple[OpenFinding, ...] = (
     OpenFinding(
         "F11",
         ("script-cpu",),
-        lambda spec: any(b.kind is Kind.CACHE for b in spec.blocks)
-        and any(b.options.get("alias") for b in spec.blocks),
+        lambda spec: (
+            any(b.kind is Kind.CACHE for b in spec.blocks)
+            and any(b.options.get("alias") for b in spec.blocks)
+        ),
         r"^AssertionError: fxmobile refused .*ScriptingError: torch\.jit\.trace could not trace "
         r".*TracedModules don't support parameter sharing between modules",
     ),
