@@ -43,6 +43,16 @@ OPEN: tuple[OpenFinding, ...] = (
         r"^AssertionError: hooked modules traced \(True\) or kept \(False\): the report says "
         r"\{\}",
     ),
+    OpenFinding(
+        "F11",
+        ("script-cpu",),
+        lambda spec: (
+            any(b.kind is Kind.CACHE for b in spec.blocks)
+            and any(b.options.get("alias") for b in spec.blocks)
+        ),
+        r"^AssertionError: fxmobile refused .*ScriptingError: torch\.jit\.trace could not trace "
+        r".*TracedModules don't support parameter sharing between modules",
+    ),
 )
 
 
