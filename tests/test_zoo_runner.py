@@ -294,11 +294,6 @@ def test_a_model_that_raises_is_recorded_and_the_run_goes_on(
     assert by_id["vit_h_14/cpu"].status is Status.SKIPPED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="model_zoo_checks bug: _verdict passes a NaN relative error, since nan > tol is False "
-    "(see /work/notes/test-findings.md)",
-)
 def test_a_nan_relative_error_fails_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
     import dataclasses as dc
 
