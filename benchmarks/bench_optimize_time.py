@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import copy
 import cProfile
+import functools
 import importlib
 import io
 import pstats
@@ -103,9 +104,9 @@ def stopwatch(spent: dict[str, float]) -> Iterator[None]:
             original = getattr(owner, name)
             setattr(owner, name, wrap(original, label))
             undo.append(
-                (lambda o=owner, n=name: delattr(o, n))
+                functools.partial(delattr, owner, name)
                 if own is None
-                else (lambda o=owner, n=name, v=own: setattr(o, n, v))
+                else functools.partial(setattr, owner, name, own)
             )
         yield
     finally:

@@ -43,7 +43,7 @@ from fxmobile.backends.library import OpFamily, ensure_registered
 
 Clamp = tuple[float | None, float | None]
 LAYOUTS = ("nchw", "channels_last")
-CONV_PATHS = ("aten", "onednn", "onednn_nchw", "gemm", "depthwise")
+CONV_PATHS: tuple[str, ...] = ("aten", "onednn", "onednn_nchw", "gemm", "depthwise")
 LINEAR_PATHS = ("aten", "gemm")
 DEFAULT_MODELS = ["mobilenet_v2", "resnet18", "resnext50_32x4d", "resnext101_32x8d"]
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
-def randomize_batchnorm(model: nn.Module, seed: int = 0) -> nn.Module:
+
+def randomize_batchnorm(model: ModuleT, seed: int = 0) -> ModuleT:
     """Give every BatchNorm random running stats and affine parameters, in place; returns it.
 
     With default statistics (mean 0, var 1, weight 1, bias 0) a folding bug stays invisible.

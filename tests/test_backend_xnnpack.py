@@ -236,7 +236,8 @@ def test_conv1d_runs_as_prepacked_conv2d() -> None:
 def test_insert_fold_prepack_ops_blocklisted_by_upstream_member() -> None:
     model = Layers().eval()
     x = torch.randn(1, 3, 8, 8)
-    upstream = torch._C._MobileOptimizerType.INSERT_FOLD_PREPACK_OPS
+    # torch's stub declares _MobileOptimizerType without its members
+    upstream = torch._C._MobileOptimizerType.INSERT_FOLD_PREPACK_OPS  # type: ignore[attr-defined]
     result = cpu(model, x, optimization_blocklist=[upstream])
     hist = ops(result.module)
     assert hist["aten::conv2d"] == 2 and not any(k.startswith("prepacked::") for k in hist)

@@ -74,6 +74,8 @@ class LooksUpMissingKey(nn.Module):
 class Counter(nn.Module):
     """Counts its calls in a buffer: fx's default tracer would bake ``x + 1`` in forever."""
 
+    n: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("n", torch.zeros(1))
@@ -86,6 +88,8 @@ class Counter(nn.Module):
 class RunningMean(nn.Module):
     """Writes a traced value into a buffer: fx records ``copy_`` on the attribute."""
 
+    mean: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("mean", torch.zeros(1))
@@ -96,6 +100,8 @@ class RunningMean(nn.Module):
 
 
 class ReassignsBuffer(nn.Module):
+    n: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("n", torch.zeros(1))
@@ -377,20 +383,23 @@ CASES = [
 ]  # fmt: skip
 
 
-def snapshot(model: object) -> object:
-    """State-dict bits and training flags; the object itself when it is not a module."""
+Snapshot = tuple[dict[str, torch.Tensor], dict[str, bool]]
+
+
+def snapshot(model: object) -> Snapshot | None:
+    """State-dict bits and training flags; None when it is not a module (nothing to compare)."""
     if not isinstance(model, nn.Module):
-        return model
+        return None
     state = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()}
     flags = {name: m.training for name, m in model.named_modules()}
     return state, flags
 
 
-def assert_same_snapshot(before: object, after: object) -> None:
-    if not isinstance(before, tuple):
+def assert_same_snapshot(before: Snapshot | None, after: Snapshot | None) -> None:
+    if before is None or after is None:
         assert after is before
         return
-    (state0, flags0), (state1, flags1) = before, after  # type: ignore[misc]
+    (state0, flags0), (state1, flags1) = before, after
     assert flags1 == flags0
     assert state1.keys() == state0.keys()
     for key, value in state0.items():

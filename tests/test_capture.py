@@ -129,7 +129,7 @@ def test_capture_never_touches_the_model() -> None:
 @pytest.mark.parametrize("bad", [42, "resnet18", torch.randn(2)])
 def test_not_a_module_is_refused(bad: object) -> None:
     with pytest.raises(fxmobile.InvalidArgumentError, match=r"expected a torch\.nn\.Module"):
-        captured(bad)  # type: ignore[arg-type]
+        captured(bad)
 
 
 def test_script_module_is_refused_with_pointer_to_script_stage() -> None:

@@ -171,6 +171,8 @@ def test_cache_filled_in_forward_goes_through_the_traced_route() -> None:
 
 
 class Counter(nn.Module):
+    calls: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("calls", torch.zeros(()))

@@ -19,7 +19,7 @@ def readme_table(heading: str) -> list[tuple[str, str]]:
     ``heading``."""
     lines = README.read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(heading))
-    table = []
+    table: list[tuple[str, str]] = []
     for line in lines[start + 1 :]:
         if table and not line.startswith("|"):
             break

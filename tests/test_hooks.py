@@ -165,7 +165,8 @@ def test_untraceable_hook_on_the_model_itself_is_refused() -> None:
 
 
 def test_global_module_hooks_are_refused_naming_them() -> None:
-    handle = torch.nn.modules.module.register_module_forward_hook(_plus_one)
+    # torch's stub types the hook as returning None; a forward hook may return a new output
+    handle = torch.nn.modules.module.register_module_forward_hook(_plus_one)  # type: ignore[arg-type]
     try:
         with pytest.raises(CaptureError, match=r"global module hooks are registered \(_plus_one\)"):
             fxmobile.optimize(conv_bn_relu(), example_inputs=X)
@@ -196,8 +197,14 @@ def _counts(m: nn.Module, args: Any, out: torch.Tensor) -> None:
     COUNTER[0] += 1
 
 
-def _appends(m: nn.Module, args: Any, out: torch.Tensor) -> None:
-    m.seen.append(out)  # type: ignore[operator]
+class Collects(nn.Module):
+    """A module with a list of outputs, for a hook to append to."""
+
+    seen: list[torch.Tensor]
+
+
+def _appends(m: Collects, args: Any, out: torch.Tensor) -> None:
+    m.seen.append(out)
 
 
 def _sets_attribute(m: nn.Module, args: Any, out: torch.Tensor) -> None:

@@ -128,7 +128,7 @@ def test_what_a_function_cannot_say_stays_a_module_call() -> None:
 def test_calls_with_hooks_or_an_own_forward_stay_module_calls() -> None:
     hooked, patched, plain = nn.Linear(3, 3), nn.Linear(3, 3), nn.Linear(3, 3)
     hooked.register_forward_hook(lambda module, args, out: out * 2)
-    patched.forward = lambda x: x  # type: ignore[method-assign]
+    patched.forward = lambda input: input  # type: ignore[method-assign]
     model = nn.Sequential(hooked, patched, plain).eval()
     gm = fx.symbolic_trace(model)
     inlined, count, _ = inline_leaf_modules(gm)

@@ -151,6 +151,9 @@ def test_chained_functional_batchnorm_knows_its_rank_after_a_decomposed_one() ->
 
 
 class Functional(nn.Module):
+    mean: torch.Tensor
+    var: torch.Tensor
+
     def __init__(self, affine: bool, torch_op: bool = False, training: bool = False) -> None:
         super().__init__()
         self.torch_op, self.training_arg = torch_op, training
@@ -241,9 +244,11 @@ def test_subclassed_batchnorm_is_left_alone_with_the_reason() -> None:
             return super().forward(x) * 2
 
     model = bn_model(MyBN(C))
-    tracer = fx.Tracer()
-    tracer.is_leaf_module = lambda m, name: isinstance(m, MyBN)  # type: ignore[method-assign]
-    gm = fx.GraphModule(model, tracer.trace(model))
+    class MyBNLeaf(fx.Tracer):
+        def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+            return isinstance(m, MyBN)
+
+    gm = fx.GraphModule(model, MyBNLeaf().trace(model))
     result = DecomposeBatchNorm().call(gm, FxContext())
     assert (result.rewrites, result.skips) == (0, {"BN subclass MyBN may override forward": 1})
 

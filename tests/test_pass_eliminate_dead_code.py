@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import fx, nn
 
@@ -36,7 +38,7 @@ class Mutating(nn.Module):
         return y
 
 
-def _run(model: nn.Module) -> tuple[fx.GraphModule, int, dict[str, int]]:
+def _run(model: nn.Module) -> tuple[fx.GraphModule, int, Mapping[str, int]]:
     gm = fx.symbolic_trace(model)
     result = EliminateDeadCode().call(gm, FxContext())
     gm.graph.lint()

@@ -62,7 +62,7 @@ def spatial_input(channels: int, dims: int, dtype: torch.dtype = torch.float32) 
 
 
 def eval_model(*layers: nn.Module, seed: int = 0) -> nn.Sequential:
-    return randomize_batchnorm(nn.Sequential(*layers), seed).eval()  # type: ignore[return-value]
+    return randomize_batchnorm(nn.Sequential(*layers), seed).eval()
 
 
 def only_producer(gm: fx.GraphModule, kind: type[nn.Module]) -> nn.Module:

@@ -11,13 +11,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
+from torch.nn.modules.conv import _ConvNd
 
 from fxmobile.infra import PassResult
 from fxmobile.passes.fold_conv_arithmetic import FoldConvArithmetic
 from fxmobile.passes.stage import FxContext
 from tests.helpers import assert_equivalent, count_calls, count_modules, run_fx_passes
 
-CONVS: dict[tuple[int, bool], type[nn.Module]] = {
+CONVS: dict[tuple[int, bool], Callable[..., _ConvNd]] = {
     (1, False): nn.Conv1d,
     (2, False): nn.Conv2d,
     (3, False): nn.Conv3d,
@@ -35,10 +36,10 @@ class ConvThen(nn.Module):
         self,
         fn: Callable[[Any, torch.Tensor], Any],
         c: torch.Tensor | None = None,
-        conv: nn.Module | None = None,
+        conv: _ConvNd | None = None,
     ) -> None:
         super().__init__()
-        self.conv = conv if conv is not None else nn.Conv2d(4, C, 3, bias=True)
+        self.conv: _ConvNd = conv if conv is not None else nn.Conv2d(4, C, 3, bias=True)
         self.fn = fn
         if c is not None:
             self.register_buffer("c", c)
@@ -212,6 +213,8 @@ def test_keeps_a_float64_conv_float64() -> None:
 
 
 class SharedConv(nn.Module):
+    c: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.conv = nn.Conv2d(4, C, 3)
@@ -229,7 +232,8 @@ def test_shared_conv_is_not_mutated() -> None:
     assert (result.rewrites, result.skips) == (2, {})
     targets = [n.target for n in gm.graph.nodes if n.op == "call_module"]
     assert len(set(targets)) == 3 and "conv" in targets  # two new modules, the plain site kept
-    assert gm.get_submodule("conv").weight.equal(weight)
+    kept = gm.get_submodule("conv")
+    assert isinstance(kept, nn.Conv2d) and kept.weight.equal(weight)
     assert model.conv.weight.equal(weight)
     assert_equivalent(reference, gm, x)
 
@@ -266,6 +270,8 @@ def test_linear_constant_over_rows_is_left_alone() -> None:
 
 
 class FunctionalConv(nn.Module):
+    c: torch.Tensor
+
     def __init__(self, transposed: bool, bias: bool) -> None:
         super().__init__()
         self.transposed = transposed

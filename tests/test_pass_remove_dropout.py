@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,8 +13,10 @@ from fxmobile.passes.remove_dropout import RemoveDropout
 from fxmobile.passes.stage import FxContext
 from tests.helpers import assert_equivalent, count_calls, count_modules
 
+DropoutFn = Callable[..., torch.Tensor]  # F.dropout, torch.dropout and their kin
 
-def _run(model: nn.Module) -> tuple[fx.GraphModule, int, dict[str, int]]:
+
+def _run(model: nn.Module) -> tuple[fx.GraphModule, int, Mapping[str, int]]:
     gm = fx.symbolic_trace(model)
     result = RemoveDropout().call(gm, FxContext())
     gm.graph.lint()
@@ -52,7 +56,7 @@ def _input_for(kind: object) -> torch.Tensor:
 
 @pytest.mark.parametrize("kind", MODULES)
 def test_every_dropout_module_is_removed(kind: type[nn.Module]) -> None:
-    model = nn.Sequential(nn.ReLU(), kind(0.3), nn.Hardtanh()).eval()  # type: ignore[call-arg]
+    model = nn.Sequential(nn.ReLU(), kind(0.3), nn.Hardtanh()).eval()
     gm, rewrites, _ = _run(model)
     assert rewrites == 1 and count_modules(gm, kind) == 0
     assert not any(isinstance(m, kind) for m in gm.modules())  # submodule dropped too
@@ -60,7 +64,7 @@ def test_every_dropout_module_is_removed(kind: type[nn.Module]) -> None:
 
 
 class Functional(nn.Module):
-    def __init__(self, fn: object) -> None:
+    def __init__(self, fn: DropoutFn) -> None:
         super().__init__()
         self.fn = fn
 
@@ -71,12 +75,12 @@ class Functional(nn.Module):
             torch.feature_dropout,
             torch.feature_alpha_dropout,
         ):
-            return self.fn(x, 0.5, self.training) + 1  # type: ignore[operator]
-        return self.fn(x, 0.5, training=self.training) + 1  # type: ignore[operator]
+            return self.fn(x, 0.5, self.training) + 1
+        return self.fn(x, 0.5, training=self.training) + 1
 
 
 @pytest.mark.parametrize("fn", FUNCTIONS, ids=lambda f: f.__name__)
-def test_functional_dropout_with_training_false_is_removed(fn: object) -> None:
+def test_functional_dropout_with_training_false_is_removed(fn: DropoutFn) -> None:
     model = Functional(fn).eval()
     gm, rewrites, _ = _run(model)
     assert rewrites == 1 and count_calls(gm, fn) == 0
@@ -97,7 +101,7 @@ def test_functional_dropout_defaulting_to_training_is_kept_and_reported() -> Non
 # function -> whether it drops when ``training`` is not passed (F.alpha_dropout and
 # F.feature_alpha_dropout default to training=False, the others to True; torch's own functions
 # take it positionally with no default, so a call without it is assumed to drop)
-DEFAULT_DROPS = {
+DEFAULT_DROPS: dict[DropoutFn, bool] = {
     F.dropout: True,
     F.dropout1d: True,
     F.dropout2d: True,
@@ -111,18 +115,18 @@ DEFAULT_DROPS = {
 }
 
 
-def _call_without_training(fn: object) -> fx.GraphModule:
+def _call_without_training(fn: DropoutFn) -> fx.GraphModule:
     """``fn(x, 0.5) + 1`` built by hand: symbolic tracing writes every default out, another
     tracer or a hand-made graph need not."""
     graph = fx.Graph()
     x = graph.placeholder("x")
-    dropped = graph.call_function(fn, (x, 0.5))  # type: ignore[arg-type]
+    dropped = graph.call_function(fn, (x, 0.5))
     graph.output(graph.call_function(torch.add, (dropped, 1)))
     return fx.GraphModule(nn.Module(), graph)
 
 
 @pytest.mark.parametrize("fn", list(DEFAULT_DROPS), ids=lambda f: f"{f.__module__}.{f.__name__}")
-def test_functional_dropout_without_a_training_argument_follows_its_default(fn: object) -> None:
+def test_functional_dropout_without_a_training_argument_follows_its_default(fn: DropoutFn) -> None:
     gm = _call_without_training(fn)
     result = RemoveDropout().call(gm, FxContext())
     gm.recompile()
@@ -181,23 +185,23 @@ def test_dropout_module_left_in_training_mode_is_kept() -> None:
 class NeverDrops(nn.Module):
     """Dropout with p=0 in training mode returns its input itself: the relu_ writes ``y``."""
 
-    def __init__(self, fn: object) -> None:
+    def __init__(self, fn: DropoutFn) -> None:
         super().__init__()
         self.fn = fn
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         y = x * 2
         if self.fn in (torch.dropout, torch.feature_dropout):
-            dropped = self.fn(y, 0.0, True)  # type: ignore[operator]
+            dropped = self.fn(y, 0.0, True)
         elif self.fn in (torch.alpha_dropout, torch.feature_alpha_dropout):
-            dropped = self.fn(y, p=0, train=True)  # type: ignore[operator]
+            dropped = self.fn(y, p=0, train=True)
         else:
-            dropped = self.fn(y, p=0.0, training=True)  # type: ignore[operator]
+            dropped = self.fn(y, p=0.0, training=True)
         return torch.relu_(dropped), y
 
 
 @pytest.mark.parametrize("fn", FUNCTIONS, ids=lambda f: f.__name__)
-def test_dropout_that_never_drops_is_removed_in_training_mode_too(fn: object) -> None:
+def test_dropout_that_never_drops_is_removed_in_training_mode_too(fn: DropoutFn) -> None:
     model = NeverDrops(fn).eval()
     gm, rewrites, _ = _run(model)
     assert rewrites == 1 and count_calls(gm, fn) == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+from collections.abc import Mapping
 
 import pytest
 import torch
@@ -26,7 +27,9 @@ class Arith(nn.Module):
         return torch.add(y, 0) + 1
 
 
-def _run(model: nn.Module, *example: torch.Tensor) -> tuple[fx.GraphModule, int, dict[str, int]]:
+def _run(
+    model: nn.Module, *example: torch.Tensor
+) -> tuple[fx.GraphModule, int, Mapping[str, int]]:
     gm = fx.symbolic_trace(model)
     if example:
         ShapeProp(gm).propagate(*example)
@@ -60,7 +63,7 @@ def test_neutral_arithmetic_needs_shapes() -> None:
 @pytest.mark.parametrize("dtype", [torch.bool, torch.int32])
 def test_promoting_forms_are_kept(dtype: torch.dtype) -> None:
     class M(nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             return (x + 0.0) * 1, x / 1
 
     x = torch.ones(3, dtype=dtype)

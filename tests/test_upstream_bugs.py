@@ -67,8 +67,8 @@ def test_issue_104593_shared_conv_called_twice() -> None:
     assert_state_unchanged(model, before)
     # the BN may be folded into a copy of the conv, but the shared conv itself stays unfused
     gm = fx_result.graph_module
-    convs = [gm.get_submodule(n.target) for n in gm.graph.nodes if n.op == "call_module"
-             and isinstance(gm.get_submodule(n.target), nn.Conv2d)]  # fmt: skip
+    called = [gm.get_submodule(n.target) for n in gm.graph.nodes if n.op == "call_module"]
+    convs = [m for m in called if isinstance(m, nn.Conv2d)]
     assert any(torch.equal(c.weight, model.conv.weight) for c in convs)
 
 

@@ -311,6 +311,7 @@ def test_a_nan_relative_error_fails_the_model(monkeypatch: pytest.MonkeyPatch) -
         """The real result, its check turned NaN (as an output of NaNs against eager would)."""
         result = real_optimize(module, *args, **kwargs)
         report = result.report
+        assert report.numerics is not None, "optimize checked no outputs"
         report.numerics = [dc.replace(c, max_abs_error=float("nan")) for c in report.numerics]
         return result
 

@@ -51,6 +51,14 @@ def nodes_of(
     return [node for node in _nodes(graph.block()) if node.kind() == kind]
 
 
+def constant_tensor(value: torch._C.Value) -> torch.Tensor:
+    """The tensor a constant graph input holds. torch's stubs type ``toIValue`` as ``IValue``;
+    it returns the Python value."""
+    tensor = value.toIValue()
+    assert isinstance(tensor, torch.Tensor), f"not a tensor constant: {tensor!r}"
+    return tensor
+
+
 def with_inputs(*inputs: torch.Tensor) -> ScriptContext:
     """The context of ``forward`` alone, with example inputs (for the passes that probe ranks
     or dtypes with them)."""

@@ -47,7 +47,7 @@ def test_dead_code_is_removed_and_constant_arithmetic_folded() -> None:
     module = frozen(Sine())
     graph = module.graph
     g: Any = graph  # torch's stubs omit Graph.insert's list form and insertConstant
-    mul = graph.findNode("aten::mul")
+    mul = graph.findNode("aten::mul")  # type: ignore[attr-defined]  # torch's stub lacks it
     a, b = torch.randn(5), torch.randn(5)
     with graph.insert_point_guard(mul):
         g.insert("aten::exp", [list(graph.inputs())[1]])  # dead: nothing reads it

@@ -9,6 +9,8 @@ BatchNorm statistics for 2-D and 3-D inputs, and what is left alone: training mo
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,7 +20,7 @@ from fxmobile.script.decompose_batchnorm import DecomposeBatchNorm
 from fxmobile.script.graph_utils import op_histogram
 from tests.helpers import assert_equivalent, randomize_batchnorm
 from tests.script.common import CTX as NO_INPUTS
-from tests.script.common import frozen, kinds, with_inputs
+from tests.script.common import constant_tensor, frozen, kinds, with_inputs
 
 
 def batchnorms(module: torch.jit.ScriptModule) -> int:
@@ -54,14 +56,18 @@ def test_the_decomposition_computes_in_the_statistics_dtype(
     model = randomize_batchnorm(nn.Sequential(nn.ReLU(), nn.BatchNorm2d(4))).eval()
     ctx = with_inputs(*inputs) if inputs else NO_INPUTS
     result = DecomposeBatchNorm().call(frozen(model), ctx)
-    mul = result.unit.graph.findNode("aten::mul")
-    assert mul.inputsAt(1).toIValue().dtype == torch.float32
+    mul = result.unit.graph.findNode("aten::mul")  # type: ignore[attr-defined]  # stub lacks it
+    assert constant_tensor(mul.inputsAt(1)).dtype == torch.float32
     x = torch.randn(2, 4, 5, 5)
     assert result.unit(x).dtype == torch.float32
     assert_equivalent(model, result.unit, x)
 
 
 class FunctionalTrainingBatchNorm(nn.Module):
+    if TYPE_CHECKING:  # buffers, for mypy; TorchScript cannot read string annotations
+        mean: torch.Tensor
+        var: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.conv = nn.Conv2d(3, 4, 3)

@@ -12,6 +12,8 @@ reason.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -25,6 +27,7 @@ from fxmobile.options import MobileOptimizerType
 from fxmobile.script.fold_prepacking import FoldPrepacking
 from fxmobile.script.fuse_clamp import FuseClamp, clamp_slots
 from fxmobile.script.insert_prepacked_ops import InsertPrepackedOps, Prepack
+from fxmobile.script.jit_passes import jit
 from fxmobile.script.stage import ScriptContext
 from tests.helpers import assert_equivalent
 from tests.script.common import CTX, frozen, kinds, nodes_of
@@ -49,10 +52,12 @@ def fold(table: tuple[Prepack, ...] = XNNPACK) -> FoldPrepacking:
     return FoldPrepacking(InsertPrepackedOps(table, MEMBER).prepack_kinds, MEMBER)
 
 
-def stored(module: torch.jit.ScriptModule) -> dict[str, object]:
+def stored(module: torch.jit.ScriptModule) -> dict[str, Any]:
+    """The packed contexts folding stored, by name. Any: they are torch.ScriptObjects, whose
+    TorchScript ``__getstate__`` (the weight first) torch's stubs cannot see."""
     return {
         name: value
-        for name, value in torch._C._jit_debug_module_iterators(module._c)["named_attributes"]
+        for name, value in jit._jit_debug_module_iterators(module._c)["named_attributes"]
         if name.startswith("prepack_folding")
     }
 

@@ -14,7 +14,8 @@ other runs too), and a context the expected prepack op did not make in this grap
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -30,7 +31,7 @@ from fxmobile.backends.xnnpack.pipeline import PREPACK as XNNPACK
 from fxmobile.options import MobileOptimizerType
 from fxmobile.script.fold_prepacking import FoldPrepacking
 from fxmobile.script.fuse_clamp import ClampSlots, FuseClamp, clamp_slots
-from fxmobile.script.insert_prepacked_ops import InsertPrepackedOps
+from fxmobile.script.insert_prepacked_ops import InsertPrepackedOps, Prepack
 from fxmobile.script.stage import ScriptContext
 from tests.helpers import assert_equivalent
 from tests.script.common import CTX, frozen, kinds, nodes_of
@@ -49,24 +50,28 @@ def _registered() -> None:
         ensure_registered(family)
 
 
-def prepacked(model: nn.Module, ctx: ScriptContext = CTX, table: object = XNNPACK) -> object:
+def prepacked(
+    model: nn.Module, ctx: ScriptContext = CTX, table: Sequence[Prepack] = XNNPACK
+) -> torch.jit.ScriptModule:
     """``model`` frozen, with the table's prepack + run pairs inserted (not folded)."""
     module = frozen(model, tuple(m for m in ctx.methods if m != "forward"))
-    return InsertPrepackedOps(table, MEMBER).call(module, ctx).unit  # type: ignore[arg-type]
+    return InsertPrepackedOps(table, MEMBER).call(module, ctx).unit
 
 
 def xnnpack_fuse() -> FuseClamp:
     return FuseClamp(clamp_slots(XNNPACK), MEMBER)
 
 
-def bounds(module: object, kind: str, method: str = "forward") -> list[tuple[object, object]]:
+def bounds(
+    module: torch.jit.ScriptModule, kind: str, method: str = "forward"
+) -> list[tuple[object, object]]:
     """(min, max) arguments of every ``kind`` prepack call, in graph order."""
     return [
         (
             node.inputsAt(node.inputsSize() - 2).toIValue(),
             node.inputsAt(node.inputsSize() - 1).toIValue(),
         )
-        for node in nodes_of(module, kind, method)  # type: ignore[arg-type]
+        for node in nodes_of(module, kind, method)
     ]
 
 
@@ -239,7 +244,7 @@ class Conv(nn.Module):
         self.act = act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.conv(x), x)  # type: ignore[operator]
+        return self.act(self.conv(x), x)
 
 
 class InputBound(nn.Module):
@@ -253,6 +258,9 @@ class InputHardtanh(nn.Module):
 
 
 class TensorBound(nn.Module):
+    if TYPE_CHECKING:  # buffers, for mypy; TorchScript cannot read string annotations
+        lo: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("lo", torch.tensor(0.1))
@@ -315,11 +323,11 @@ class SharedConv(nn.Module):
         return torch.relu(self.conv(x)) + self.conv(-x)
 
 
-def share_first_context(module: object, prepack: str, run: str) -> None:
+def share_first_context(module: torch.jit.ScriptModule, prepack: str, run: str) -> None:
     """Point every ``run`` at the first ``prepack`` call's context (what common subexpression
     elimination makes of two identical prepack calls), and drop the others."""
-    first, *others = nodes_of(module, prepack)  # type: ignore[arg-type]
-    for node in nodes_of(module, run)[1:]:  # type: ignore[arg-type]
+    first, *others = nodes_of(module, prepack)
+    for node in nodes_of(module, run)[1:]:
         node.replaceInput(1, first.output())
     for node in others:
         node.destroy()

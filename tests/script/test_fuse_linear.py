@@ -13,13 +13,15 @@ a matmul whose product is read twice.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 import torch
 from torch import nn
 
 from fxmobile.script.fuse_linear import FuseLinear
 from tests.helpers import assert_equivalent
-from tests.script.common import CTX, frozen, kinds, scripted
+from tests.script.common import CTX, constant_tensor, frozen, kinds, scripted
 
 GONE = {"aten::addmm", "aten::matmul"}
 
@@ -52,7 +54,7 @@ def test_constant_weight_forms_become_linear(form: str) -> None:
     assert after["aten::linear"] == 1 and not GONE & set(after)
     assert after["aten::add"] == 0
     (linear,) = (n for n in result.unit.graph.nodes() if n.kind() == "aten::linear")
-    weight = linear.inputsAt(1).toIValue()
+    weight = constant_tensor(linear.inputsAt(1))
     assert weight.is_contiguous() and torch.equal(weight, model.w)  # C.t(), made contiguous
     assert_equivalent(model, result.unit, torch.randn(3, 4))
 
@@ -92,6 +94,9 @@ def test_torchs_forms_with_a_transposed_parameter_become_linear() -> None:
 
 
 class NotLinear(nn.Module):
+    if TYPE_CHECKING:  # buffers, for mypy; TorchScript cannot read string annotations
+        wi: torch.Tensor
+
     def __init__(self, form: str) -> None:
         super().__init__()
         self.form = form

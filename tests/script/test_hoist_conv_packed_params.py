@@ -55,14 +55,16 @@ class Q(nn.Module):
         return self.dequant(self.conv(self.quant(x)))
 
 
-def quantized() -> nn.Module:
+def quantized() -> Q:
     torch.manual_seed(0)
     model = Q().eval()
     model.qconfig = torch.ao.quantization.get_default_qconfig("qnnpack")
     torch.ao.quantization.fuse_modules(model, [["inner.0", "inner.1"]], inplace=True)
     torch.ao.quantization.prepare(model, inplace=True)
     model(torch.randn(4, 3, 8, 8))
-    return torch.ao.quantization.convert(model)
+    converted = torch.ao.quantization.convert(model)
+    assert isinstance(converted, Q)
+    return converted
 
 
 def unfrozen(model: nn.Module) -> torch.jit.ScriptModule:

@@ -22,8 +22,8 @@ class AnnotatedReturn(nn.Module):
         super().__init__()
         self.lin = nn.Linear(3, 3)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
-        return self.lin(x)  # type: ignore[return-value]
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.lin(x)
 
 
 def test_scripting_drops_the_return_annotation_fx_copied() -> None:

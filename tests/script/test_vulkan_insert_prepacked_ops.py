@@ -9,6 +9,8 @@ Vulkan cannot run, which stays ATen with its reason.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,7 +20,7 @@ from fxmobile.backends.library import OpFamily, ensure_registered
 from fxmobile.backends.vulkan.insert_prepacked_ops import CREATE_KINDS, RULES, InsertVulkanOps
 from fxmobile.script.stage import ScriptContext
 from tests.helpers import assert_equivalent, randomize_batchnorm
-from tests.script.common import CTX, frozen, kinds, nodes_of
+from tests.script.common import CTX, constant_tensor, frozen, kinds, nodes_of
 
 pytestmark = pytest.mark.filterwarnings("ignore:LSTM with projections is not supported")
 
@@ -72,7 +74,7 @@ def test_create_calls_take_their_arguments_in_vulkans_order() -> None:
     model = Layers().eval()
     result = InsertVulkanOps().call(frozen(model), CTX)
     (linear,) = nodes_of(result.unit, "vulkan_prepack::create_linear_context")
-    weight = linear.inputsAt(0).toIValue()
+    weight = constant_tensor(linear.inputsAt(0))
     assert weight.is_contiguous()
     torch.testing.assert_close(weight, model.fc.weight.t(), rtol=0, atol=0)  # (in, out)
     (tconv,) = nodes_of(result.unit, "vulkan_prepack::create_tconv2d_context")
@@ -161,6 +163,10 @@ class Single(nn.Module):
 
 
 class TrainingFlag(nn.Module):
+    if TYPE_CHECKING:  # buffers, for mypy; TorchScript cannot read string annotations
+        mean: torch.Tensor
+        var: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.w = nn.Parameter(torch.rand(5) + 0.5)
@@ -183,7 +189,8 @@ class GruFlags(nn.Module):
                   self.gru.bias_ih_l0, self.gru.bias_hh_l0]  # fmt: skip
         h = x.new_zeros(1, x.shape[0], 5)
         batch_first = bool(x.sum() < 1e9)  # True, but not a constant
-        return torch.gru(x, h, params, True, 1, 0.0, False, False, batch_first)[0]
+        # GRU sets its weights by name at run time: torch's stubs type them Tensor | Module
+        return torch.gru(x, h, params, True, 1, 0.0, False, False, batch_first)[0]  # type: ignore[arg-type]
 
 
 LEFT_ALONE = {
@@ -239,7 +246,8 @@ def test_gru_in_training_mode_stays() -> None:
             params = [self.gru.weight_ih_l0, self.gru.weight_hh_l0,
                       self.gru.bias_ih_l0, self.gru.bias_hh_l0]  # fmt: skip
             h = x.new_zeros(1, x.shape[0], 5)
-            return torch.gru(x, h, params, True, 1, 0.0, True, False, True)[0]
+            # GRU sets its weights by name at run time: torch's stubs type them Tensor | Module
+            return torch.gru(x, h, params, True, 1, 0.0, True, False, True)[0]  # type: ignore[arg-type]
 
     model = TrainingGru().eval()
     result = InsertVulkanOps().call(frozen(model), CTX)
