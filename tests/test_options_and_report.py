@@ -178,9 +178,15 @@ def _cells(line: str) -> list[str]:
     return re.split(r"\s{2,}", line.strip())
 
 
+def _pass_table(text: str) -> str:
+    """The pass table: the block after the title and the route (when the report has one)."""
+    blocks = text.split("\n\n")
+    return blocks[2] if blocks[1].startswith("route: ") else blocks[1]
+
+
 def _pass_rows(text: str) -> dict[str, list[str]]:
     """The pass table's rows by pass name: the lines between the dashes and the first blank."""
-    lines = text.split("\n\n")[1].splitlines()
+    lines = _pass_table(text).splitlines()
     assert set(lines[1]) <= {"-", " "}
     return {_cells(line)[1]: _cells(line) for line in lines[2:]}
 
@@ -189,8 +195,8 @@ def test_text_table_has_its_columns_in_order_with_each_records_values() -> None:
     blocklist = {MobileOptimizerType.FOLD_CONSTANTS}
     report = fxmobile.optimize_fx(_DropoutPlusZero().eval(), blocklist=blocklist).report
     text = str(report)
-    assert text.splitlines()[0] == "fxmobile report: _DropoutPlusZero"
-    assert _cells(text.split("\n\n")[1].splitlines()[0]) == [
+    assert text.split("\n\n")[:2] == ["fxmobile report: _DropoutPlusZero", "route: torch.fx"]
+    assert _cells(_pass_table(text).splitlines()[0]) == [
         "stage",
         "pass",
         "blocklist member",
