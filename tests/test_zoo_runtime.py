@@ -334,3 +334,22 @@ def test_the_cli_runs_a_shard_on_the_runtimes_and_merges_it(
     }
     assert merge_main([str(out / "zoo.json"), "--no-compare"]) == 0
     assert "torch 1.13.1: 1/1 files load, 1/1 match eager" in capsys.readouterr().out
+
+
+@pytest.mark.runtime()
+def test_when_upstream_or_the_timing_fails_the_file_is_still_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fxmobile.runtime.errors import RuntimeCrashedError
+    from model_zoo_checks import on_runtimes
+
+    def crash(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeCrashedError("torch 2.12.1's process was killed by SIGKILL")
+
+    monkeypatch.setattr(on_runtimes, "against_upstream", crash)
+    options = RunOptions(rounds=1, min_time=0.0, runtimes=("2.12.1",))
+    (found,) = check_model(quick_models()[0], options)
+    record = found.runtimes["2.12.1"]
+    assert record.loads and record.passed
+    assert found.runtime_ms == {}
+    assert any("SIGKILL" in note for note in found.notes)
