@@ -31,6 +31,7 @@ from fxmobile.cli.common import blocklist_member
 from fxmobile.runtime import RUNTIMES, RuntimeNotInstalledError, require_installed
 from model_zoo_checks import baseline as baseline_io
 from model_zoo_checks.confirm import confirm_latency
+from model_zoo_checks.journal import JOURNAL, Journal
 from model_zoo_checks.on_runtimes import runtime_versions
 from model_zoo_checks.output import (
     plot_speedups,
@@ -157,7 +158,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="errors below this fraction of the tolerance never regress (default 0.1)",
     )
     out = p.add_argument_group("output")
-    out.add_argument("--out", type=Path, metavar="DIR", help="write zoo.json and zoo.md here")
+    out.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="write zoo.json and zoo.md here, and each model's results to journal.jsonl as "
+        "soon as they are in",
+    )
+    out.add_argument(
+        "--resume",
+        action="store_true",
+        help="with --out: take the models already in DIR/journal.jsonl from there (a run that "
+        "was killed goes on where it stopped)",
+    )
     out.add_argument("--plot", type=Path, metavar="PNG", help="per-model speedup bar chart")
     return p
 
@@ -272,10 +285,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         error_floor=args.error_floor,
         latency_margin=args.latency_margin,
     )
+    if args.resume and not args.out:
+        print("error: --resume needs --out (the journal is DIR/journal.jsonl)", file=sys.stderr)
+        return 2
+    journal = Journal(args.out / JOURNAL if args.out else None, args.resume)
+    done = journal.results_for(entries)
+    todo = [e for e in entries if e.key not in journal.keys]
+    if journal.keys:
+        print(f"resuming: {len(entries) - len(todo)} model(s) from {journal.path}")
     start = time.monotonic()
     with quiet_warnings():
-        results = run_zoo(entries, options)
+        fresh = run_zoo(todo, options, on_model=journal.append)
     seconds = time.monotonic() - start
+    results = [r for e in entries for r in (*done, *fresh) if r.key == e.key]  # catalogue order
 
     old = baseline_io.load(args.baseline)
     regressions: list[baseline_io.Regression] = []

@@ -299,13 +299,17 @@ def run_zoo(
     options: RunOptions,
     progress: Progress | None = None,
     check: Callable[[ZooModel, RunOptions], list[ModelResult]] = check_model,
+    on_model: Callable[[list[ModelResult]], None] | None = None,
 ) -> list[ModelResult]:
-    """Every entry on every selected backend, in catalogue order."""
+    """Every entry on every selected backend, in catalogue order; ``on_model`` gets each
+    model's results as soon as they are in (the run's journal)."""
     progress = progress or Progress(sum(will_run(e, options) for e in entries))
     results: list[ModelResult] = []
     for entry in entries:
         model_results = check(entry, options)
         results.extend(model_results)
+        if on_model is not None:
+            on_model(model_results)
         progress.update(len(entries), model_results, will_run(entry, options))
     return results
 

@@ -334,3 +334,57 @@ def test_the_cli_runs_a_shard_on_the_runtimes_and_merges_it(
     }
     assert merge_main([str(out / "zoo.json"), "--no-compare"]) == 0
     assert "torch 1.13.1: 1/1 files load, 1/1 match eager" in capsys.readouterr().out
+
+
+@pytest.mark.runtime()
+def test_when_upstream_or_the_timing_fails_the_file_is_still_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fxmobile.runtime.errors import RuntimeCrashedError
+    from model_zoo_checks import on_runtimes
+
+    def crash(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeCrashedError("torch 2.12.1's process was killed by SIGKILL")
+
+    monkeypatch.setattr(on_runtimes, "against_upstream", crash)
+    options = RunOptions(rounds=1, min_time=0.0, runtimes=("2.12.1",))
+    (found,) = check_model(quick_models()[0], options)
+    record = found.runtimes["2.12.1"]
+    assert record.loads and record.passed
+    assert found.runtime_ms == {}
+    assert any("SIGKILL" in note for note in found.notes)
+
+
+# --- the journal: a killed run goes on where it stopped ---------------------------------------
+
+
+def test_the_journal_records_each_model_and_a_resumed_run_skips_them(tmp_path: Path) -> None:
+    from model_zoo_checks.journal import Journal
+    from model_zoo_checks.runner import run_zoo
+
+    path = tmp_path / "journal.jsonl"
+    entries = [entry("a"), entry("b"), entry("c")]
+    checked: list[str] = []
+
+    def check(model: ZooModel, options: RunOptions) -> list[ModelResult]:
+        checked.append(model.key)
+        return [result(key=model.key, name=model.key)]
+
+    journal = Journal(path)
+    run_zoo(entries[:2], RunOptions(), check=check, on_model=journal.append)
+    with path.open("a") as f:
+        f.write('[{"key": "c", "cut short by the kill')  # the line being written when killed
+    again = Journal(path, resume=True)
+    assert again.keys == {"a", "b"}
+    assert [r.key for r in again.results_for(entries)] == ["a", "b"]
+    assert path.read_text().count("\n") == 2  # the cut line is gone before anything is added
+    todo = [e for e in entries if e.key not in again.keys]
+    run_zoo(todo, RunOptions(), check=check, on_model=again.append)
+    assert checked == ["a", "b", "c"]
+    assert Journal(path, resume=True).keys == {"a", "b", "c"}
+    assert Journal(path).keys == set() and path.read_text() == ""  # no --resume: a fresh run
+
+
+def test_resume_needs_out(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--quick", "--resume"]) == 2
+    assert "--resume needs --out" in capsys.readouterr().err
