@@ -72,7 +72,8 @@ def main() -> None:
                 start = time.perf_counter()
                 modules[name](x)
                 times[name].append((time.perf_counter() - start) * 1e3)
-        profiles = {name: profile(modules[name], x, request["profile_iterations"]) for name in names}
+        iterations = request["profile_iterations"]
+        profiles = {name: profile(modules[name], x, iterations) for name in names}
     reply = {
         "torch": torch.__version__,
         "xnnpack": bool(torch.backends.xnnpack.enabled),
