@@ -30,6 +30,7 @@ from fxmobile.script.keep_channels_last_shuffle import KeepChannelsLastShuffle
 from fxmobile.script.remove_dropout import RemoveDropout
 from fxmobile.script.stage import ScriptPass
 from fxmobile.script.to_channels_last import ToChannelsLast
+from fxmobile.script.use_inplace_ops import UseInplaceOps
 
 PREPACK = (
     Prepack("aten::linear", "prepacked::linear_clamp_prepack", "prepacked::linear_clamp_run",
@@ -64,6 +65,7 @@ def passes() -> tuple[ScriptPass, ...]:
         # the FX stage's layout, for the routes that skip it (ScriptModule input, fallbacks)
         ToChannelsLast(),
         KeepChannelsLastShuffle(),  # ShuffleNet's channel shuffle stays channels-last
+        UseInplaceOps(),  # results stay in the prepacked ops' buffers: no copy before a conv
     )
 
 
