@@ -17,9 +17,13 @@ Then one child process of the reference runtime (``profile_ops_child.py``, run b
 that venv's python) loads the three in its lite interpreter, times them interleaved (each
 round runs each once, in a fresh random order), and profiles each alone with
 ``torch.profiler``: self CPU time per op and calls per run. Printed per model: the latency
-table (median, 10th and 90th percentile), each file's interpreter instructions and operator
-calls (from its bytecode), and the per-op table, slowest first. Every candidate's output is
-checked against eager (max abs error relative to eager's largest magnitude).
+table (median, 10th and 90th percentile of wall time, and the median and 10th percentile of
+the calling thread's CPU time: with ``--threads 1`` that is all of the work, and it holds up on
+a loaded machine where wall time does not), each file's interpreter instructions and operator
+calls (from its bytecode), and the per-op table, slowest first. ``--against DIR`` adds the
+files an earlier run kept (``--keep DIR``) to the same interleaved run, for before/after.
+Every candidate's output is checked against eager (max abs error relative to eager's largest
+magnitude).
 
 Run from the repository root with the runtimes installed (``make runtimes``):
 ``python benchmarks/profile_ops.py [--models ...] [--rounds N] [--runtime 2.12.1]``.
@@ -151,17 +155,20 @@ def report(name: str, reply: dict[str, Any], files: dict[str, Path], errors: dic
            top: int) -> None:  # fmt: skip
     names = list(reply["latency"])
     upstream = reply["latency"]["upstream"]["median"]
+    upstream_cpu = reply["cpu"]["upstream"]["median"]
     rows = []
     for cand in names:
-        lat = reply["latency"][cand]
+        lat, cpu = reply["latency"][cand], reply["cpu"][cand]
         counts = bytecode_counts(files[cand])
         profiled = sum(us for _, us in reply["profiles"][cand].values()) / 1e3
         rows.append([cand, lat["median"], lat["p10"], lat["p90"], lat["median"] / upstream,
+                     cpu["median"], cpu["p10"], cpu["median"] / upstream_cpu,
                      counts["instructions"], counts["OP"], profiled, errors[cand]])  # fmt: skip
     print(f"\n## {name} (torch {reply['torch']}, XNNPACK {reply['xnnpack']}, "
           f"{reply['threads']} threads)")  # fmt: skip
     print(tabulate(rows, headers=["file", "median ms", "p10 ms", "p90 ms", "x upstream",
-                                  "instructions", "op calls", "profiled ms", "rel err"],
+                                  "cpu median", "cpu p10", "cpu x upstream", "instructions",
+                                  "op calls", "profiled ms", "rel err"],
                    floatfmt=".3g"))  # fmt: skip
     ops = sorted(
         {op for cand in names for op in reply["profiles"][cand]},
@@ -189,6 +196,12 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=15, help="ops shown per model")
     parser.add_argument("--no-script", action="store_true", help="leave out the script route")
     parser.add_argument("--keep", type=Path, help="folder to keep the files in")
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="a --keep folder of an earlier run: its fxm and fxm_script files run too "
+        "(as before and before_script), interleaved with this run's",
+    )
     args = parser.parse_args()
     python = require_installed(args.runtime)
     load = os.getloadavg()
@@ -199,6 +212,10 @@ def main() -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         for name in args.models:
             candidates, expected = build(name, workdir, not args.no_script)
+            for old, label in (("fxm", "before"), ("fxm_script", "before_script")):
+                path = args.against / f"{name}_{old}.ptl" if args.against else None
+                if path is not None and path.exists():
+                    candidates.insert(-1, {"name": label, "kind": "lite", "path": str(path)})
             request = {
                 "candidates": candidates,
                 "input": str(workdir / "input.pt"),
