@@ -47,6 +47,29 @@ def test_squeeze_excite_and_residual_run_in_place() -> None:
         assert torch.equal(x, x.clone())
 
 
+class _Residual(nn.Module):
+    """resnet's pattern: relu(conv(x) + x), fused to _add_relu, then written into the conv's
+    output (the second operand, x, is the caller's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.conv(x)
+        out += x
+        return torch.relu(out)
+
+
+def test_fused_add_relu_runs_in_place() -> None:
+    model = _Residual().eval()
+    x = torch.randn(1, 4, 5, 5)
+    result = fxmobile.optimize(model, example_inputs=x)
+    kinds = _kinds(result.module)
+    assert "aten::_add_relu_" in kinds and "aten::_add_relu" not in kinds
+    assert_equivalent(model, result.module, x)
+
+
 def test_float64_keeps_float64_numerics() -> None:
     model = randomize_batchnorm(_SqueezeExcite()).eval().double()
     x = torch.randn(1, 4, 5, 5, dtype=torch.float64)

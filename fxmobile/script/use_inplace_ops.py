@@ -1,7 +1,7 @@
 """Elementwise ops write into a tensor nothing else reads, instead of allocating a new one.
 
     y = hardsigmoid(s)        ->  y = hardsigmoid_(s)     (also sigmoid, hardswish, relu, ...)
-    z = add(a, b, alpha)      ->  z = add_(a, b, alpha)   (also sub, mul, div)
+    z = add(a, b, alpha)      ->  z = add_(a, b, alpha)   (also sub, mul, div, _add_relu)
     z = mul(s, x)             ->  z = mul_(x, s)          (a * b == b * a in IEEE arithmetic;
                                                            add too, when alpha is 1)
 
@@ -40,8 +40,8 @@ UNARY = frozenset(
     f"aten::{n}" for n in ("hardsigmoid", "sigmoid", "hardswish", "relu", "silu", "hardtanh",
                            "relu6", "tanh", "gelu", "leaky_relu", "elu", "clamp")
 )  # fmt: skip
-BINARY = frozenset({"aten::add", "aten::sub", "aten::mul", "aten::div"})
-COMMUTATIVE = frozenset({"aten::add", "aten::mul"})
+BINARY = frozenset({"aten::add", "aten::sub", "aten::mul", "aten::div", "aten::_add_relu"})
+COMMUTATIVE = frozenset({"aten::add", "aten::mul", "aten::_add_relu"})
 PACKED_RUNS = frozenset(
     {"prepacked::conv2d_clamp_run", "prepacked::conv2d_transpose_clamp_run",
      "prepacked::linear_clamp_run"}
