@@ -31,7 +31,7 @@ class _SqueezeExcite(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = nn.functional.hardswish(self.bn(self.conv(x)))
         s = nn.functional.hardsigmoid(self.fc(y.mean((2, 3), keepdim=True)))
-        return self.conv(s * y) + x
+        return self.fc(self.conv(s * y) + x)
 
 
 def test_squeeze_excite_and_residual_run_in_place() -> None:
@@ -48,8 +48,8 @@ def test_squeeze_excite_and_residual_run_in_place() -> None:
 
 
 class _Residual(nn.Module):
-    """resnet's pattern: relu(conv(x) + x), fused to _add_relu, then written into the conv's
-    output (the second operand, x, is the caller's)."""
+    """resnet's pattern: relu(conv(x) + x) before the next conv, fused to _add_relu, then
+    written into the conv's output (the second operand, x, is the caller's)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -58,7 +58,7 @@ class _Residual(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.conv(x)
         out += x
-        return torch.relu(out)
+        return self.conv(torch.relu(out))
 
 
 def test_fused_add_relu_runs_in_place() -> None:
@@ -96,7 +96,7 @@ class _Broadcasts(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         pooled = self.conv(x).mean((2, 3), keepdim=True)
-        return pooled + x  # pooled is fresh but broadcasts; x is the caller's
+        return self.conv(pooled + x)  # pooled is fresh but broadcasts; x is the caller's
 
 
 class _ViewKept(nn.Module):
@@ -107,7 +107,7 @@ class _ViewKept(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         y = self.conv(x)
         flat = y.flatten(1)  # a view of y, returned: y's write would show in it
-        return torch.relu(y), flat
+        return torch.sigmoid(y), flat
 
 
 class _Returned(nn.Module):
@@ -117,21 +117,31 @@ class _Returned(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         y = self.conv(x)
-        return y, torch.relu(y)
+        return y, torch.sigmoid(y)
 
 
-class _IntegerRelu(nn.Module):
+class _ReturnsSum(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 1)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(x.long() * 2)
+        return self.conv(x) + x  # no prepacked op reads the sum: nothing to save
+
+
+class _IntegerSigmoid(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(x.long() * 2)
 
 
 def test_cases_that_must_be_left_alone() -> None:
     x = torch.randn(1, 3, 4, 4)
     for model, kind, reason in (
         (_ReadAfter(), "aten::sigmoid", inplace.READ_ELSEWHERE),
+        (_ViewKept(), "aten::sigmoid", inplace.READ_ELSEWHERE),
+        (_Returned(), "aten::sigmoid", inplace.READ_ELSEWHERE),
+        (_ReturnsSum(), "aten::add", inplace.NO_PACKED_READER),
         (_Broadcasts(), "aten::add", inplace.BROADCASTS),
-        (_ViewKept(), "aten::relu", inplace.READ_ELSEWHERE),
-        (_Returned(), "aten::relu", inplace.READ_ELSEWHERE),
     ):
         model.eval()
         result = fxmobile.optimize(torch.jit.script(model), example_inputs=x)
@@ -150,9 +160,9 @@ def test_binary_op_without_example_inputs_is_left_alone() -> None:
 
 
 def test_integer_tensor_is_not_written() -> None:
-    model = _IntegerRelu().eval()
+    model = _IntegerSigmoid().eval()
     x = torch.randn(1, 3, 4, 4) * 5
     result = fxmobile.optimize(torch.jit.script(model), example_inputs=x)
-    assert "aten::relu" in _kinds(result.module)  # only floating tensors are written
+    assert "aten::sigmoid" in _kinds(result.module)  # sigmoid_ cannot write a long tensor
     assert inplace.NOT_FLOATING in _record(result).skips
     assert torch.equal(result.module(x), model(x))

@@ -1,6 +1,6 @@
 """Elementwise ops write into a tensor nothing else reads, instead of allocating a new one.
 
-    y = hardsigmoid(s)        ->  y = hardsigmoid_(s)     (also sigmoid, hardswish, relu, ...)
+    y = hardsigmoid(s)        ->  y = hardsigmoid_(s)     (also sigmoid, hardswish, silu, ...)
     z = add(a, b, alpha)      ->  z = add_(a, b, alpha)   (also sub, mul, div, _add_relu)
     z = mul(s, x)             ->  z = mul_(x, s)          (a * b == b * a in IEEE arithmetic;
                                                            add too, when alpha is 1)
@@ -9,7 +9,9 @@ A prepacked convolution's output comes from the mobile allocator (XNNPACK's, wit
 padding its kernels read past the end); a tensor an elementwise op allocates does not, so
 upstream's ``prepacked::conv2d_clamp_run`` copies it before it convolves (2.12.1: one
 ``aten::copy_`` per convolution that reads an ``add`` or a squeeze-excitation ``mul``). Written
-in place, the result stays in the convolution's buffer and the copy and the allocation go.
+in place, the result stays in the convolution's buffer and the copy and the allocation go. So
+a binary op is rewritten only when a prepacked op reads its result; an activation, wherever
+its input may be written (one allocation less).
 
 A tensor is written only when nothing can tell: an op of the same block made it fresh (no
 view, input, constant or attribute; in-place ops after that are followed back, as in
@@ -36,9 +38,10 @@ from fxmobile.script.effects import effects
 from fxmobile.script.graph_utils import method_graphs
 from fxmobile.script.stage import ScriptContext, ScriptPass
 
+# Activations that stay out of the prepacked ops (clamps fuse into them, so relu, hardtanh and
+# clamp are left to fuse_clamp and the clamps it leaves stay as they are).
 UNARY = frozenset(
-    f"aten::{n}" for n in ("hardsigmoid", "sigmoid", "hardswish", "relu", "silu", "hardtanh",
-                           "relu6", "tanh", "gelu", "leaky_relu", "elu", "clamp")
+    f"aten::{n}" for n in ("hardsigmoid", "sigmoid", "hardswish", "silu", "tanh", "gelu")
 )  # fmt: skip
 BINARY = frozenset({"aten::add", "aten::sub", "aten::mul", "aten::div", "aten::_add_relu"})
 COMMUTATIVE = frozenset({"aten::add", "aten::mul", "aten::_add_relu"})
@@ -51,6 +54,7 @@ READ_ELSEWHERE = "operand read after, returned, viewed, or not made fresh in the
 SHAPE_UNKNOWN = "binary op outside forward or without example inputs: shapes unknown"
 BROADCASTS = "no operand has the result's shape and dtype"
 NOT_FLOATING = "dtype unknown or not floating"
+NO_PACKED_READER = "binary op whose result no prepacked op reads: no copy to save"
 
 
 class UseInplaceOps(ScriptPass):
@@ -106,6 +110,8 @@ def choose_target(node: torch._C.Node, facts: Facts | None) -> tuple[int | None,
             facts is not None and value in facts and facts[value].floating
         )
         return (0, None) if floating else (None, NOT_FLOATING)
+    if not any(use.user.kind() in PACKED_RUNS for use in node.output().uses()):
+        return None, NO_PACKED_READER
     if facts is None:
         return None, SHAPE_UNKNOWN
     result = facts.get(node.output())
