@@ -26,8 +26,11 @@ from fxmobile.script.freeze import Freeze
 from fxmobile.script.fuse_clamp import FuseClamp, clamp_slots
 from fxmobile.script.fuse_linear import FuseLinear
 from fxmobile.script.insert_prepacked_ops import InsertPrepackedOps, Prepack
+from fxmobile.script.keep_channels_last_shuffle import KeepChannelsLastShuffle
 from fxmobile.script.remove_dropout import RemoveDropout
 from fxmobile.script.stage import ScriptPass
+from fxmobile.script.to_channels_last import ToChannelsLast
+from fxmobile.script.use_inplace_ops import UseInplaceOps
 
 PREPACK = (
     Prepack("aten::linear", "prepacked::linear_clamp_prepack", "prepacked::linear_clamp_run",
@@ -59,6 +62,10 @@ def passes() -> tuple[ScriptPass, ...]:
         Canonicalize(),
         RemoveDropout(),
         FuseAddRelu(),
+        # the FX stage's layout, for the routes that skip it (ScriptModule input, fallbacks)
+        ToChannelsLast(),
+        KeepChannelsLastShuffle(),  # ShuffleNet's channel shuffle stays channels-last
+        UseInplaceOps(),  # results stay in the prepacked ops' buffers: no copy before a conv
     )
 
 
