@@ -230,9 +230,7 @@ def _run_module(shape: Shape, ctx: torch.ScriptObject) -> nn.Module:
     return _PrepackedConv(ctx) if isinstance(shape, ConvShape) else _PrepackedLinear(ctx)
 
 
-def build_case(
-    model: str, shape: Shape, count: int, gen: torch.Generator, all_paths: bool
-) -> Case:
+def build_case(model: str, shape: Shape, count: int, gen: torch.Generator, all_paths: bool) -> Case:
     """Scripted eager and prepacked modules for one shape, checked equal on each layout.
 
     Both sides run as TorchScript, as they do in an optimized model, so both pay the same

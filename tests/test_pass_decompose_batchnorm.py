@@ -244,6 +244,7 @@ def test_subclassed_batchnorm_is_left_alone_with_the_reason() -> None:
             return super().forward(x) * 2
 
     model = bn_model(MyBN(C))
+
     class MyBNLeaf(fx.Tracer):
         def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
             return isinstance(m, MyBN)

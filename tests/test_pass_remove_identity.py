@@ -27,9 +27,7 @@ class Arith(nn.Module):
         return torch.add(y, 0) + 1
 
 
-def _run(
-    model: nn.Module, *example: torch.Tensor
-) -> tuple[fx.GraphModule, int, Mapping[str, int]]:
+def _run(model: nn.Module, *example: torch.Tensor) -> tuple[fx.GraphModule, int, Mapping[str, int]]:
     gm = fx.symbolic_trace(model)
     if example:
         ShapeProp(gm).propagate(*example)
