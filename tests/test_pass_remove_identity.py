@@ -121,6 +121,28 @@ def test_identity_whose_source_is_written_later_is_kept() -> None:
     assert torch.equal(gm(x.clone()), InputWrittenLater()(x.clone()))
 
 
+class SourceWrittenByAModule(nn.Module):
+    """The write to the copy's source is an in-place module, found only through the graph
+    module (a mutant that dropped it survived every test)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * 1.5
+        y = h + 0
+        self.act(h)
+        return y * 2 + h
+
+
+def test_identity_whose_source_an_inplace_module_writes_is_kept() -> None:
+    x = torch.randn(2, 3)
+    gm, rewrites, _ = _run(SourceWrittenByAModule(), x)
+    assert rewrites == 0
+    assert torch.equal(gm(x.clone()), SourceWrittenByAModule()(x.clone()))
+
+
 class BoolArithmetic(nn.Module):
     """``x * 1`` on a bool tensor is an int64 tensor: ``~`` then flips bits, not truth."""
 
