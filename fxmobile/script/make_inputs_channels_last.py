@@ -83,7 +83,7 @@ NOT_CHECKED = "layout change not checked: the example inputs do not run through 
 CHANGED = "layout change undone: the rewritten forward differs on the example inputs"
 
 
-class ToChannelsLast(ScriptPass):
+class MakeInputsChannelsLast(ScriptPass):
     optimization = MobileOptimizerType.CHANNELS_LAST
     summary = "4-D inputs of prepacked convs -> contiguous(channels_last); outputs contiguous"
 
