@@ -1,5 +1,6 @@
-"""The TorchScript-level channels-last pass (fxmobile/script/to_channels_last.py): ScriptModule
-input gets the eager route's layout; what it must leave alone, it leaves, with the reason."""
+"""The TorchScript-level channels-last pass (fxmobile/script/make_inputs_channels_last.py):
+ScriptModule input gets the eager route's layout; what it must leave alone, it leaves, with the
+reason."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from torch import nn
 
 import fxmobile
 from fxmobile import MobileOptimizerType
-from fxmobile.report.records import PassRecord, Stage
-from fxmobile.script import to_channels_last as cl
+from fxmobile.report.records import PassRecord
+from fxmobile.script import make_inputs_channels_last as cl
 from fxmobile.script.graph_utils import iter_nodes
 from tests.helpers import assert_equivalent, randomize_batchnorm
 
@@ -38,9 +39,7 @@ def _formats(module: torch.jit.ScriptModule) -> list[int]:
 
 
 def _record(result: fxmobile.MobileResult) -> PassRecord:
-    return next(
-        p for p in result.report.passes if p.name == "to_channels_last" and p.stage is Stage.SCRIPT
-    )
+    return next(p for p in result.report.passes if p.name == "make_inputs_channels_last")
 
 
 def _optimized(model: nn.Module, x: torch.Tensor, **kw: Any) -> fxmobile.MobileResult:

@@ -1,5 +1,5 @@
 """What a node of a frozen, prepacked graph does to memory, for the passes that move layouts
-and buffers (``to_channels_last``, ``use_inplace_ops``).
+and buffers (``make_inputs_channels_last``, ``use_inplace_ops``).
 
 ``fxmobile.ops.script_op`` reads aten and prim schemas and calls every other op ``UNKNOWN``
 (may alias, may write). The prepacked run ops (``prepacked::conv2d_clamp_run``...) then look

@@ -16,10 +16,10 @@ take it for NCHW).
 
 Only the exact idiom: the last view's sizes are ``x``'s own (``b``, ``h`` and ``w`` the values
 of the first view, the channels read from ``x.size()``), the shuffled tensor has no other
-user, the layout change already reached ``x`` (a forward input made channels-last by
-``to_channels_last``, either stage) and nothing in the chain is written in place. The
-rewritten forward is run on the example inputs and every change is undone when an output's
-values or strides differ from before.
+user, the layout change already reached ``x`` (a forward input made channels-last by the FX
+stage's ``to_channels_last`` or by ``make_inputs_channels_last``) and nothing in the chain is
+written in place. The rewritten forward is run on the example inputs and every change is
+undone when an output's values or strides differ from before.
 """
 
 from __future__ import annotations
@@ -31,8 +31,14 @@ import torch
 from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.script.effects import root, written_roots
+from fxmobile.script.make_inputs_channels_last import (
+    CHANNELS_LAST,
+    CONTIGUOUS,
+    reach,
+    run_graph,
+    same,
+)
 from fxmobile.script.stage import ScriptContext, ScriptPass
-from fxmobile.script.to_channels_last import CHANNELS_LAST, CONTIGUOUS, reach, run_graph, same
 
 NOT_REACHED = "shuffle input not channels-last"
 SHARED = "shuffled tensor has other users"

@@ -27,9 +27,9 @@ from fxmobile.script.fuse_clamp import FuseClamp, clamp_slots
 from fxmobile.script.fuse_linear import FuseLinear
 from fxmobile.script.insert_prepacked_ops import InsertPrepackedOps, Prepack
 from fxmobile.script.keep_channels_last_shuffle import KeepChannelsLastShuffle
+from fxmobile.script.make_inputs_channels_last import MakeInputsChannelsLast
 from fxmobile.script.remove_dropout import RemoveDropout
 from fxmobile.script.stage import ScriptPass
-from fxmobile.script.to_channels_last import ToChannelsLast
 from fxmobile.script.use_inplace_ops import UseInplaceOps
 
 PREPACK = (
@@ -63,7 +63,7 @@ def passes() -> tuple[ScriptPass, ...]:
         RemoveDropout(),
         FuseAddRelu(),
         # the FX stage's layout, for the routes that skip it (ScriptModule input, fallbacks)
-        ToChannelsLast(),
+        MakeInputsChannelsLast(),
         KeepChannelsLastShuffle(),  # ShuffleNet's channel shuffle stays channels-last
         UseInplaceOps(),  # results stay in the prepacked ops' buffers: no copy before a conv
     )

@@ -83,7 +83,7 @@ NOT_CHECKED = "layout change not checked: the example inputs do not run through 
 CHANGED = "layout change undone: the rewritten forward differs on the example inputs"
 
 
-class ToChannelsLast(ScriptPass):
+class MakeInputsChannelsLast(ScriptPass):
     """The FX stage's channels-last layout for graphs that skipped it; declines, with the reason,
     whatever reads strides, writes in place or cannot be followed, and undoes itself when the
     example inputs show a change."""
