@@ -38,6 +38,7 @@ from fxmobile.options import (
     BlocklistItem,
     Check,
     LeafSpec,
+    MobileOptimizerType,
     Options,
     make_options,
 )
@@ -371,6 +372,8 @@ def _script_stage(
     spec = backend_spec(options.backend)
     ensure_registered(spec.op_family)
     blocked = options.blocklist if spec.honours is None else options.blocklist & spec.honours
+    if not options.channels_last:  # channels_last=False reaches the TorchScript-level layout too
+        blocked = blocked | {MobileOptimizerType.CHANNELS_LAST}
     report.backend = options.backend.name
     report.ops_before = dict(op_histogram(scripted, methods))
     observer = observe("script") if observe else None

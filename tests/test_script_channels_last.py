@@ -11,7 +11,7 @@ from torch import nn
 
 import fxmobile
 from fxmobile import MobileOptimizerType
-from fxmobile.report.records import PassRecord
+from fxmobile.report.records import PassRecord, Status
 from fxmobile.script import make_inputs_channels_last as cl
 from fxmobile.script.graph_utils import iter_nodes
 from tests.helpers import assert_equivalent, randomize_batchnorm
@@ -188,4 +188,14 @@ def test_a_view_that_needs_nchw_memory_undoes_the_change() -> None:
     result = _optimized(model, x)
     assert dict(_record(result).skips) == {cl.CHANGED: 1}
     assert cl.CHANNELS_LAST not in _formats(result.module)
+    assert_equivalent(model, result.module, x)
+
+
+def test_channels_last_false_keeps_a_script_module_nchw() -> None:
+    # the option reached only the FX stage: a ScriptModule was converted anyway
+    model = randomize_batchnorm(_Net()).eval()
+    x = torch.randn(1, 3, 16, 16)
+    result = _optimized(model, x, channels_last=False)
+    assert _record(result).status is Status.BLOCKLISTED
+    assert _formats(result.module) == []
     assert_equivalent(model, result.module, x)
