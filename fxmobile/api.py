@@ -17,6 +17,7 @@ naming the first pass after which the outputs diverge.
 from __future__ import annotations
 
 import copy
+import io
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -24,13 +25,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.jit.mobile
 from torch import fx, nn
 
 from fxmobile.backends.library import ensure_registered
 from fxmobile.backends.registry import backend_spec
 from fxmobile.capture import admit, capture
 from fxmobile.capture.checks import check_tensors, deep_copy, eager_arguments, has_forward
-from fxmobile.errors import CaptureError, RefusedError
+from fxmobile.errors import CaptureError, RefusedError, ScriptingError
 from fxmobile.infra import Observer, PassManager
 from fxmobile.options import (
     DEFAULT_TOLERANCE,
@@ -87,8 +89,21 @@ class MobileResult:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write a lite-interpreter file (load it with ``_load_for_lite_interpreter``), in the
-        bytecode ``target_runtime`` reads; the report's ``file`` then describes that file."""
+        bytecode ``target_runtime`` reads; the report's ``file`` then describes that file.
+
+        The bytes are loaded back in the lite interpreter first: a file it cannot read (an output
+        type its type parser does not know, such as a ``Union``) is a ``ScriptingError``, and
+        nothing is written."""
         data = lite_file(self.module, self.target_runtime)
+        try:
+            torch.jit.mobile._load_for_lite_interpreter(io.BytesIO(data))
+        except RuntimeError as exc:
+            lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+            raise ScriptingError(
+                f"the lite interpreter cannot load {self.report.model_name}'s file: "
+                f"{lines[0] if lines else type(exc).__name__}. Fix: return tensors, or a tuple, "
+                "list or dict whose values are all of one type, from forward."
+            ) from exc
         with open(path, "wb") as out:
             out.write(data)
         self.report.file = file_facts(data)
