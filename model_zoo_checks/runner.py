@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 import fxmobile
 from fxmobile import Backend, MobileOptimizerType
@@ -269,29 +270,33 @@ def quiet_warnings() -> Iterator[None]:
 
 
 class Progress:
-    """One line per model on stderr: statuses, its time, elapsed time and an ETA."""
+    """A tqdm bar over the models that will run (ETA; it renders in a notebook too), with one
+    line per model written above it and kept in the log: statuses, its time, elapsed time."""
 
     def __init__(self, runs: int, stream: Any = None) -> None:
-        self.runs = runs  # models that will run (the ETA ignores the rest)
-        self.done = 0
         self.count = 0
         self.stream = stream if stream is not None else sys.stderr
         self.start = time.monotonic()
+        self.bar = tqdm(total=runs, file=self.stream, unit="model", dynamic_ncols=True)
 
     def update(self, total: int, results: Sequence[ModelResult], ran: bool) -> None:
+        """Write ``results``' line above the bar; advance the bar when the model ran."""
         self.count += 1
-        self.done += ran
         elapsed = time.monotonic() - self.start
-        left = max(self.runs - self.done, 0)
-        eta = elapsed / self.done * left if self.done else 0.0
         statuses = ", ".join(f"{r.backend} {r.status}" for r in results)
         seconds = sum(r.seconds for r in results)
         width = len(str(total))
-        line = (
+        self.bar.write(
             f"[{self.count:>{width}}/{total}] {results[0].key:<40} {statuses:<24} "
-            f"{seconds:6.1f}s  elapsed {_clock(elapsed)}  ETA {_clock(eta)}"
+            f"{seconds:6.1f}s  elapsed {_clock(elapsed)}",
+            file=self.stream,
         )
-        print(line, file=self.stream, flush=True)
+        if ran:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        """Take the bar down."""
+        self.bar.close()
 
 
 def run_zoo(
@@ -305,12 +310,15 @@ def run_zoo(
     model's results as soon as they are in (the run's journal)."""
     progress = progress or Progress(sum(will_run(e, options) for e in entries))
     results: list[ModelResult] = []
-    for entry in entries:
-        model_results = check(entry, options)
-        results.extend(model_results)
-        if on_model is not None:
-            on_model(model_results)
-        progress.update(len(entries), model_results, will_run(entry, options))
+    try:
+        for entry in entries:
+            model_results = check(entry, options)
+            results.extend(model_results)
+            if on_model is not None:
+                on_model(model_results)
+            progress.update(len(entries), model_results, will_run(entry, options))
+    finally:
+        progress.close()
     return results
 
 
