@@ -36,6 +36,7 @@ from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.script.effects import effects
 from fxmobile.script.graph_utils import method_graphs
+from fxmobile.script.probe import probe
 from fxmobile.script.stage import ScriptContext, ScriptPass
 
 # Activations that stay out of the prepacked ops (clamps fuse into them, so relu, hardtanh and
@@ -176,45 +177,26 @@ def _make_inplace(graph: torch._C.Graph, node: torch._C.Node, target: int) -> to
     return inplace.output()
 
 
+# What a run says about each tensor: its sizes, its dtype (the ScalarType's number), whether it
+# is floating.
+_FACTS = (
+    ("aten::size", torch._C.ListType.ofInts()),
+    ("prim::dtype", torch._C.IntType.get()),
+    ("aten::is_floating_point", torch._C.BoolType.get()),
+)
+
+
 def _probe(
     module: torch.jit.ScriptModule, graph: torch._C.Graph, inputs: Sequence[Any]
 ) -> Facts | None:
     """Shape and dtype of every tensor of ``graph``'s top-level block, from one run on
     ``inputs``; None when the graph does not run on them."""
-    probe = graph.copy()
-    originals = [v for n in graph.nodes() for v in n.outputs() if _is_tensor(v)]
-    copies = [v for n in probe.nodes() for v in n.outputs() if _is_tensor(v)]
-    ret: Any = probe.return_node()  # torch's stubs type Node.addInput's argument as str
-    returned = list(ret.inputs())
-    extra = []
-    for value in copies:
-        for kind, kind_type in (
-            ("aten::size", torch._C.ListType.ofInts()),
-            ("prim::dtype", torch._C.IntType.get()),  # the ScalarType's number
-            ("aten::is_floating_point", torch._C.BoolType.get()),
-        ):
-            fact = probe.create(kind, [value], 1)
-            fact.insertBefore(ret)
-            fact.output().setType(kind_type)
-            extra.append(fact.output())
-    packed = probe.create("prim::TupleConstruct", [*returned, *extra], 1)
-    packed.insertBefore(ret)
-    packed.output().setType(torch._C.TupleType([v.type() for v in [*returned, *extra]]))
-    for _ in returned:
-        ret.removeInput(0)
-    ret.addInput(packed.output())
-    try:
-        fn = torch._C._create_function_from_graph("fxmobile_inplace_probe", probe)
-        with torch.no_grad():
-            found = fn(
-                module._c, *[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-            )
-    except Exception:
+    tensors = [v for n in graph.nodes() for v in n.outputs() if _is_tensor(v)]
+    found = probe(module, graph, tensors, inputs, _FACTS)
+    if found is None:
         return None
-    values = found[len(returned) :]
     return {
-        value: Fact(list(values[3 * i]), values[3 * i + 1], values[3 * i + 2])
-        for i, value in enumerate(originals)
+        value: Fact(list(size), dtype, floating) for value, (size, dtype, floating) in found.items()
     }
 
 

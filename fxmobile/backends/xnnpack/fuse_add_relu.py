@@ -28,6 +28,7 @@ from fxmobile.options import MobileOptimizerType
 from fxmobile.script.aliasing import root, written_roots
 from fxmobile.script.graph_utils import count_kinds, iter_nodes, method_graphs
 from fxmobile.script.jit_passes import jit
+from fxmobile.script.probe import probe
 from fxmobile.script.stage import ScriptContext, ScriptPass
 
 ALIASED = "method left alone: an add reads memory that another op writes in place"
@@ -161,31 +162,9 @@ def _sample(value: torch._C.Value) -> torch.Tensor | bool | int | float | None:
 def probed_operands(
     module: torch.jit.ScriptModule, inputs: Sequence[Any]
 ) -> dict[torch._C.Value, Any]:
-    """The operands of each top-level add in ``forward``, from one run on ``inputs`` (a copy of
-    the graph that also returns them); empty when the run fails."""
+    """The operands of each top-level add in ``forward``, from one run on ``inputs``
+    (``fxmobile.script.probe``); empty when the run fails."""
     graph = module._c._get_method("forward").graph
-    probe = graph.copy()
-    originals, copies = [], []
-    for node, copied in zip(graph.nodes(), probe.nodes(), strict=True):
-        if _fusable(node):
-            originals += list(node.inputs())[:2]
-            copies += list(copied.inputs())[:2]
-    if not originals:
-        return {}
-    ret = probe.return_node()
-    outputs = list(ret.inputs())
-    packed = probe.create("prim::TupleConstruct", [*outputs, *copies])
-    packed.output().setType(torch._C.TupleType([v.type() for v in [*outputs, *copies]]))
-    packed.insertBefore(ret)
-    for _ in outputs:
-        ret.removeInput(0)
-    ret.addInput(packed.output())
-    try:
-        fn = torch._C._create_function_from_graph("fxmobile_add_operands", probe)
-        with torch.no_grad():
-            found = fn(
-                module._c, *[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-            )
-    except Exception:
-        return {}
-    return dict(zip(originals, found[len(outputs) :], strict=True))
+    operands = [v for node in graph.nodes() if _fusable(node) for v in list(node.inputs())[:2]]
+    found = probe(module, graph, operands, inputs)
+    return {value: seen[0] for value, seen in (found or {}).items()}

@@ -1,0 +1,56 @@
+"""fxmobile.script.probe: one run of a frozen method, facts about values the graph does not type."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fxmobile.script.probe import probe
+from tests.script.common import frozen
+
+
+class Net(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.double() + 1
+        return y.sum(1)
+
+
+class Raises(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 2:
+            raise ValueError("not this shape")
+        return x + 1
+
+
+def _output_of(module: torch.jit.ScriptModule, kind: str) -> torch._C.Value:
+    return next(n for n in module.graph.nodes() if n.kind() == kind).output()
+
+
+def test_values_and_facts_come_from_one_run_and_the_graph_is_untouched() -> None:
+    module = frozen(Net())
+    before = str(module.graph)
+    x = torch.randn(2, 3)
+    y = _output_of(module, "aten::add")
+    seen = probe(module, module.graph, [y], (x,))
+    assert seen is not None and torch.equal(seen[y][0], x.double() + 1)
+    facts = [("aten::dim", torch._C.IntType.get()), ("prim::dtype", torch._C.IntType.get())]
+    assert probe(module, module.graph, [y], (x,), facts) == {y: [2, 7]}  # 7: float64
+    assert str(module.graph) == before
+
+
+def test_a_graph_that_does_not_run_gives_none_and_nothing_asked_runs_nothing() -> None:
+    module = frozen(Raises())
+    y = _output_of(module, "aten::add")
+    assert probe(module, module.graph, [y], (torch.randn(2, 3),)) is None
+    assert probe(module, module.graph, [], (torch.randn(2, 3),)) == {}
+
+
+def test_the_callers_inputs_are_not_written() -> None:
+    class Writes(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.add_(1) * 2
+
+    module = frozen(Writes())
+    x = torch.zeros(3)
+    seen = probe(module, module.graph, [_output_of(module, "aten::mul")], (x,))
+    assert seen is not None and torch.equal(x, torch.zeros(3))
