@@ -15,13 +15,14 @@ returns each top-level BatchNorm input's ``dim()``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from fxmobile.script.graph_utils import iter_nodes
+from fxmobile.script.graph_utils import iter_nodes, method_graphs
+from fxmobile.script.probe import probe
 from fxmobile.script.stage import ScriptContext
 
 _ARGS = ("input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps")
@@ -82,6 +83,18 @@ def match(node: torch._C.Node) -> FrozenBatchNorm | str | None:
     return FrozenBatchNorm(node, mean, var, gamma, beta, float(values["eps"]))
 
 
+def batchnorms(
+    module: torch.jit.ScriptModule, methods: Sequence[str]
+) -> Iterator[tuple[torch._C.Graph, FrozenBatchNorm | str]]:
+    """Every ``aten::batch_norm`` of ``methods``, matched (``match``), with its graph; each graph's
+    nodes are listed before the first is yielded, so the caller may rewrite as it goes."""
+    for graph in method_graphs(module, methods):
+        for node in list(iter_nodes(graph)):
+            bn = match(node)
+            if bn is not None:
+                yield graph, bn
+
+
 def input_ranks(module: torch.jit.ScriptModule, ctx: ScriptContext) -> dict[torch._C.Value, int]:
     """The rank of each BatchNorm input that can be known: from its type, its producer (a
     convolution), or a run of ``forward`` on the example inputs (top-level BatchNorms of
@@ -133,35 +146,6 @@ def _raises(block: torch._C.Block) -> bool:
 
 def _probed_ranks(module: torch.jit.ScriptModule, inputs: Sequence[Any]) -> dict[Any, int]:
     graph = module._c._get_method("forward").graph
-    targets = [
-        n.inputsAt(0)
-        for n in graph.nodes()  # the top-level block: a value inside an If may not exist
-        if n.kind() == "aten::batch_norm"
-    ]
-    if not targets:
-        return {}
-    probe = graph.copy()
-    copied = [n.inputsAt(0) for n in probe.nodes() if n.kind() == "aten::batch_norm"]
-    ret = probe.return_node()
-    outputs = list(ret.inputs())
-    dims = []
-    for value in copied:
-        dim = probe.create("aten::dim", [value])
-        dim.insertBefore(ret)
-        dims.append(dim.output())
-    packed = probe.create("prim::TupleConstruct", [*outputs, *dims])
-    packed.insertBefore(ret)
-    types = [o.type() for o in outputs] + [torch._C.IntType.get()] * len(dims)
-    packed.output().setType(torch._C.TupleType(types))
-    for _ in outputs:
-        ret.removeInput(0)
-    ret.addInput(packed.output())
-    try:
-        fn = torch._C._create_function_from_graph("fxmobile_batchnorm_ranks", probe)
-        with torch.no_grad():
-            found = fn(
-                module._c, *[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-            )
-    except Exception:
-        return {}
-    return dict(zip(targets, found[len(outputs) :], strict=True))
+    targets = [n.inputsAt(0) for n in graph.nodes() if n.kind() == "aten::batch_norm"]
+    found = probe(module, graph, targets, inputs, [("aten::dim", torch._C.IntType.get())])
+    return {value: dims[0] for value, dims in (found or {}).items()}
