@@ -10,17 +10,22 @@ and what writes comes from each node's own schema (``fxmobile.ops.script_op``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from fxmobile import ops
 from fxmobile.script.graph_utils import iter_nodes
 
 
-def root(value: torch._C.Value) -> torch._C.Value:
-    """The value ``value`` is a view of, following view ops back to their source."""
+def root(
+    value: torch._C.Value, effects: Callable[[torch._C.Node], ops.OpInfo] = ops.script_op
+) -> torch._C.Value:
+    """The value ``value`` is a view of, following view ops (as ``effects`` tells them) back to
+    their source."""
     while True:
         node = value.node()
-        if not list(node.inputs()) or not ops.script_op(node).view:
+        if not list(node.inputs()) or not effects(node).view:
             return value
         value = node.inputsAt(0)
 

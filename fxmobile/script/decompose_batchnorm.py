@@ -19,8 +19,7 @@ import torch
 
 from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
-from fxmobile.script.batchnorm import FrozenBatchNorm, input_ranks, match
-from fxmobile.script.graph_utils import iter_nodes, method_graphs
+from fxmobile.script.batchnorm import FrozenBatchNorm, batchnorms, input_ranks
 from fxmobile.script.stage import ScriptContext, ScriptPass
 
 
@@ -64,14 +63,10 @@ class DecomposeBatchNorm(ScriptPass):
         """Decompose every inference BatchNorm with constant statistics, in every method."""
         rewrites, skips = 0, Skips()
         ranks = input_ranks(module, ctx)
-        for graph in method_graphs(module, ctx.methods):
-            for node in list(iter_nodes(graph)):
-                bn = match(node)
-                if bn is None:
-                    continue
-                if isinstance(bn, str):
-                    skips.add(bn)
-                    continue
-                decompose(graph, bn, ranks.get(bn.input))
-                rewrites += 1
+        for graph, bn in batchnorms(module, ctx.methods):
+            if isinstance(bn, str):
+                skips.add(bn)
+                continue
+            decompose(graph, bn, ranks.get(bn.input))
+            rewrites += 1
         return PassResult(module, rewrites, dict(skips))

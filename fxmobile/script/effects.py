@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import torch
 
 from fxmobile import ops
+from fxmobile.script import aliasing
 from fxmobile.script.graph_utils import iter_nodes
 
 
@@ -48,12 +49,8 @@ def effects(node: torch._C.Node) -> ops.OpInfo:
 
 
 def root(value: torch._C.Value) -> torch._C.Value:
-    """The value ``value`` is a view of, following views back to their source."""
-    while True:
-        node = value.node()
-        if not list(node.inputs()) or not effects(node).view:
-            return value
-        value = node.inputsAt(0)
+    """The value ``value`` is a view of, following views (as ``effects`` tells them) back."""
+    return aliasing.root(value, effects)
 
 
 def written_roots(graph: torch._C.Graph) -> set[torch._C.Value]:

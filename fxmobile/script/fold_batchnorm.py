@@ -27,8 +27,7 @@ import torch
 from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.affine_fold import scale_output_channels
-from fxmobile.script.batchnorm import FrozenBatchNorm, constant, input_ranks, match
-from fxmobile.script.graph_utils import iter_nodes, method_graphs
+from fxmobile.script.batchnorm import FrozenBatchNorm, batchnorms, constant, input_ranks
 from fxmobile.script.stage import ScriptContext, ScriptPass
 
 # producer kind -> (spatial dims, transposed, index of groups in its arguments, None: linear)
@@ -107,17 +106,13 @@ class FoldBatchNorm(ScriptPass):
         """Fold every BatchNorm that follows a producer it alone reads, in every method."""
         rewrites, skips = 0, Skips()
         ranks = input_ranks(module, ctx)
-        for graph in method_graphs(module, ctx.methods):
-            for node in list(iter_nodes(graph)):
-                bn = match(node)
-                if bn is None:
-                    continue
-                reason = bn if isinstance(bn, str) else why_not_fold(bn, ranks)
-                if reason is not None:
-                    skips.add(reason)
-                    continue
-                assert isinstance(bn, FrozenBatchNorm)
-                with torch.no_grad():
-                    fold(graph, bn)
-                rewrites += 1
+        for graph, bn in batchnorms(module, ctx.methods):
+            reason = bn if isinstance(bn, str) else why_not_fold(bn, ranks)
+            if reason is not None:
+                skips.add(reason)
+                continue
+            assert isinstance(bn, FrozenBatchNorm)
+            with torch.no_grad():
+                fold(graph, bn)
+            rewrites += 1
         return PassResult(module, rewrites, dict(skips))
