@@ -27,6 +27,7 @@ from fxmobile.script.graph_utils import iter_nodes, op_histogram
 from fxmobile.script.jit_passes import jit
 from fxmobile.script.scripting import quietly_script
 from tests.helpers import assert_equivalent, randomize_batchnorm
+from tests.models import DynamicWeight, Recurrent, TwoInputs
 
 GPU_TRANSFER = MobileOptimizerType.VULKAN_AUTOMATIC_GPU_TRANSFER
 NO_TRANSFER = frozenset({GPU_TRANSFER})
@@ -144,15 +145,6 @@ def test_linear_context_holds_the_transposed_weight_and_tconv_its_own_argument_o
     assert tconv[2:] == [[2, 2], [1, 1], [1, 1], True, False, [1, 1], 2, None, None]
 
 
-class DynamicWeight(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = nn.Parameter(torch.randn(5, 4))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.w * x.mean())
-
-
 def test_weight_computed_from_the_input_is_transposed_in_the_graph_and_repacked() -> None:
     model = DynamicWeight().eval()
     result = vulkan(quietly_script(model))
@@ -162,20 +154,6 @@ def test_weight_computed_from_the_input_is_transposed_in_the_graph_and_repacked(
         "vulkan_prepack::create_linear_context has a non-constant input (repacks on every call)": 1
     }
     assert_equivalent(model, result.module, torch.randn(3, 4))
-
-
-class Recurrent(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.gru = nn.GRU(4, 6, num_layers=2, batch_first=True)
-        self.lstm = nn.LSTM(6, 5, batch_first=True)
-
-    def forward(
-        self, x: torch.Tensor, h: torch.Tensor, h2: torch.Tensor, c2: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        y, hn = self.gru(x, h)
-        z, (a, b) = self.lstm(y, (h2, c2))
-        return z, hn, a, b
 
 
 RNN_INPUTS = (
@@ -335,18 +313,6 @@ def test_mutation_removal_counts_what_went_and_reports_what_stayed() -> None:
 
 
 # --- GPU transfer -------------------------------------------------------------------------
-
-
-class TwoInputs(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3)
-
-    def forward(self, x: torch.Tensor, unused: torch.Tensor, flag: bool) -> torch.Tensor:
-        y = self.conv(x)
-        if flag:
-            y = y + 1
-        return y
 
 
 def test_gpu_transfer_moves_used_tensor_inputs_and_tensor_outputs() -> None:

@@ -21,6 +21,7 @@ from fxmobile.backends.vulkan.insert_gpu_transfers import MARK, InsertGpuTransfe
 from fxmobile.options import MobileOptimizerType
 from fxmobile.script.stage import ScriptContext
 from tests.helpers import assert_equivalent
+from tests.models import TwoInputs
 from tests.script.common import CTX, frozen, kinds, nodes_of
 
 
@@ -41,18 +42,6 @@ def on_cpu(module: torch.jit.ScriptModule, method: str = "forward") -> torch.jit
             with graph.insert_point_guard(node):
                 node.replaceInput(1, g.insertConstant(torch.device("cpu")))
     return module
-
-
-class TwoInputs(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3)
-
-    def forward(self, x: torch.Tensor, unused: torch.Tensor, flag: bool) -> torch.Tensor:
-        y = self.conv(x)
-        if flag:
-            y = y + 1
-        return y
 
 
 def test_used_tensor_inputs_move_to_vulkan_and_tensor_outputs_back() -> None:

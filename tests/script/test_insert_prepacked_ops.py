@@ -26,6 +26,7 @@ from fxmobile.options import MobileOptimizerType
 from fxmobile.script.insert_prepacked_ops import InsertPrepackedOps
 from fxmobile.script.stage import ScriptContext
 from tests.helpers import assert_equivalent
+from tests.models import DynamicWeight
 from tests.script.common import CTX, frozen, kinds, nodes_of
 
 
@@ -178,15 +179,6 @@ def test_what_has_no_prepacked_form_stays_with_its_reason(name: str, insert: obj
     assert result.rewrites == 0 and result.skips == {reason: 1}
     assert kinds(result.unit)[kind] == 1
     assert_equivalent(model, result.unit, torch.randn(shape))
-
-
-class DynamicWeight(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = nn.Parameter(torch.randn(5, 4))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.w * x.mean())
 
 
 def test_a_weight_of_unknown_rank_is_prepacked_on_every_call() -> None:

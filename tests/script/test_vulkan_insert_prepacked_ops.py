@@ -20,6 +20,7 @@ from fxmobile.backends.library import OpFamily, ensure_registered
 from fxmobile.backends.vulkan.insert_prepacked_ops import CREATE_KINDS, RULES, InsertVulkanOps
 from fxmobile.script.stage import ScriptContext
 from tests.helpers import assert_equivalent, randomize_batchnorm
+from tests.models import DynamicWeight, Recurrent
 from tests.script.common import CTX, constant_tensor, frozen, kinds, nodes_of
 
 pytestmark = pytest.mark.filterwarnings("ignore:LSTM with projections is not supported")
@@ -99,15 +100,6 @@ def test_create_calls_take_their_arguments_in_vulkans_order() -> None:
     assert set(RULES) == {*PAIRS, "aten::gru", "aten::lstm"}
 
 
-class DynamicWeight(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = nn.Parameter(torch.randn(5, 4))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.w * x.mean())
-
-
 def test_a_non_constant_linear_weight_is_transposed_in_the_graph() -> None:
     model = DynamicWeight().eval()
     result = InsertVulkanOps().call(frozen(model), CTX)
@@ -115,20 +107,6 @@ def test_a_non_constant_linear_weight_is_transposed_in_the_graph() -> None:
     (create,) = nodes_of(result.unit, "vulkan_prepack::create_linear_context")
     assert create.inputsAt(0).node().kind() == "aten::t"
     assert_equivalent(model, result.unit, torch.randn(3, 4))
-
-
-class Recurrent(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.gru = nn.GRU(4, 6, num_layers=2, batch_first=True)
-        self.lstm = nn.LSTM(6, 5, batch_first=True)
-
-    def forward(
-        self, x: torch.Tensor, h: torch.Tensor, h2: torch.Tensor, c2: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        y, hn = self.gru(x, h)
-        z, (a, b) = self.lstm(y, (h2, c2))
-        return z, hn, a, b
 
 
 def test_gru_and_lstm_become_create_run_pairs() -> None:
