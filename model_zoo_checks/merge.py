@@ -18,6 +18,7 @@ from typing import Any
 
 from model_zoo_checks import baseline as baseline_io
 from model_zoo_checks.output import (
+    regression_lines,
     render_problems,
     render_table,
     runtime_counts,
@@ -107,12 +108,8 @@ def main(argv: Sequence[str]) -> int:
     old = baseline_io.load(args.baseline)
     thresholds = baseline_io.Thresholds(**meta["thresholds"])
     regressions = [] if args.no_compare else baseline_io.compare(results, old, thresholds)
-    if regressions:
-        print(f"\n{len(regressions)} regression(s) against {args.baseline}:")
-        for regression in regressions:
-            print(f"  {regression}")
-    elif not args.no_compare:
-        print(f"\nno regressions against {args.baseline}")
+    for line in regression_lines(regressions, args.baseline, not args.no_compare):
+        print(line)
     if missing:
         print(f"missing shard(s) {', '.join(missing)}: their models were not checked")
     if args.out:

@@ -130,6 +130,14 @@ def render_problems(results: Sequence[ModelResult]) -> list[str]:
     return lines
 
 
+def regression_lines(regressions: Sequence[object], baseline: object, compared: bool) -> list[str]:
+    """What a run says about its regressions against ``baseline`` (nothing when not compared)."""
+    if regressions:
+        lines = [f"\n{len(regressions)} regression(s) against {baseline}:"]
+        return lines + [f"  {regression}" for regression in regressions]
+    return [f"\nno regressions against {baseline}"] if compared else []
+
+
 def render_markdown(
     results: Sequence[ModelResult],
     regressions: Sequence[Regression],

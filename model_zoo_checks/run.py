@@ -35,6 +35,7 @@ from model_zoo_checks.journal import JOURNAL, Journal
 from model_zoo_checks.on_runtimes import runtime_versions
 from model_zoo_checks.output import (
     plot_speedups,
+    regression_lines,
     render_problems,
     render_table,
     runtime_counts,
@@ -314,12 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     new = baseline_io.not_in_baseline(results, old)
     if new and not args.update_baseline and not args.no_compare:
         print(f"not in the baseline (not compared): {', '.join(new)}")
-    if regressions:
-        print(f"\n{len(regressions)} regression(s) against {args.baseline}:")
-        for regression in regressions:
-            print(f"  {regression}")
-    elif not args.no_compare:
-        print(f"\nno regressions against {args.baseline}")
+    for line in regression_lines(regressions, args.baseline, not args.no_compare):
+        print(line)
 
     meta = _meta(args, options, thresholds, seconds)
     meta["latency_not_confirmed"] = not_confirmed
