@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import fxmobile
+from fxmobile.script.batchnorm import batchnorms as batchnorms_of
 from fxmobile.script.fold_batchnorm import FoldBatchNorm
 from fxmobile.script.graph_utils import op_histogram
 from fxmobile.script.scripting import quietly_script
@@ -213,6 +214,94 @@ def test_a_batchnorm_in_training_mode_is_left_alone() -> None:
     reason = {"BN in training mode, or its training flag is not a constant": 1}
     assert FoldBatchNorm().call(module, NO_INPUTS).skips == reason
     assert batchnorms(module) == 1
+
+
+class StatisticsFromTheInput(nn.Module):
+    """A BatchNorm one of whose statistics or affine parameters the input changes: no fold may
+    take it for a constant (nor a missing weight for none)."""
+
+    if TYPE_CHECKING:  # buffers, for mypy; TorchScript cannot read string annotations
+        mean: torch.Tensor
+        var: torch.Tensor
+
+    def __init__(self, which: str) -> None:
+        super().__init__()
+        self.which = which
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.weight = nn.Parameter(torch.rand(4) + 0.5)
+        self.bias = nn.Parameter(torch.randn(4))
+        self.register_buffer("mean", torch.randn(4))
+        self.register_buffer("var", torch.rand(4) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        moved = x.mean().abs() + 1
+        var: torch.Tensor = self.var
+        weight: torch.Tensor = self.weight
+        if self.which == "var":
+            var = self.var * moved
+        if self.which == "weight":
+            weight = self.weight * moved
+        return F.batch_norm(y, self.mean, var, weight, self.bias)
+
+
+@pytest.mark.parametrize(
+    "which,reason",
+    [("var", "BN has no constant running stats"), ("weight", "BN affine params are not constants")],
+)
+def test_statistics_the_input_changes_are_left_alone(which: str, reason: str) -> None:
+    model = StatisticsFromTheInput(which).eval()
+    x = torch.randn(1, 3, 8, 8)
+    result = FoldBatchNorm().call(frozen(model), with_inputs(x))
+    assert (result.rewrites, result.skips) == (0, {reason: 1})
+    assert_equivalent(model, result.unit, x)
+
+
+def test_the_fold_is_computed_in_float64() -> None:
+    module = frozen(randomize_batchnorm(nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4))))
+    (bn,) = [b for _, b in batchnorms_of(module, ["forward"]) if not isinstance(b, str)]
+    s, t = bn.scale_shift()
+    assert s.dtype == t.dtype == torch.float64
+    var, mean = bn.var.double(), bn.mean.double()
+    assert bn.gamma is not None and bn.beta is not None
+    expected = bn.gamma.double() / torch.sqrt(var + bn.eps)
+    assert torch.equal(s, expected) and torch.equal(t, bn.beta.double() - mean * expected)
+
+
+class CheckedRank(nn.Module):
+    """A transposed conv's output, whose rank a check proves (constant on the left), or that a
+    check against another tensor's rank does not."""
+
+    if TYPE_CHECKING:  # buffers, for mypy; TorchScript cannot read string annotations
+        mean: torch.Tensor
+        var: torch.Tensor
+
+    def __init__(self, against_input: bool) -> None:
+        super().__init__()
+        self.against_input = against_input
+        self.up = nn.ConvTranspose2d(4, 6, 3)
+        self.register_buffer("mean", torch.randn(6))
+        self.register_buffer("var", torch.rand(6) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.up(x)
+        expected = x.dim() if self.against_input else 4
+        if expected != y.dim():
+            raise ValueError("expected a 4-D input")
+        return F.batch_norm(y, self.mean, self.var)
+
+
+@pytest.mark.parametrize(
+    "against_input,rewrites,skips",
+    [(False, 1, {}), (True, 0, {"BN input rank unknown (pass example_inputs)": 1})],
+)
+def test_a_rank_check_proves_the_rank_only_against_a_constant(
+    against_input: bool, rewrites: int, skips: dict[str, int]
+) -> None:
+    model = CheckedRank(against_input).eval()
+    result = FoldBatchNorm().call(frozen(model), NO_INPUTS)
+    assert (result.rewrites, result.skips) == (rewrites, skips)
+    assert_equivalent(model, result.unit, torch.randn(1, 4, 5, 5))
 
 
 # --- end to end: the routes the FX stage's fold never sees ----------------------------------

@@ -30,9 +30,12 @@ def test_values_and_facts_come_from_one_run_and_the_graph_is_untouched() -> None
     module = frozen(Net())
     before = str(module.graph)
     x = torch.randn(2, 3)
-    y = _output_of(module, "aten::add")
-    seen = probe(module, module.graph, [y], (x,))
-    assert seen is not None and torch.equal(seen[y][0], x.double() + 1)
+    y, z = _output_of(module, "aten::add"), _output_of(module, "aten::sum")
+    seen = probe(module, module.graph, [y, z], (x,))
+    assert seen is not None and [len(seen[y]), len(seen[z])] == [1, 1]
+    assert torch.equal(seen[y][0], x.double() + 1) and torch.equal(
+        seen[z][0], (x.double() + 1).sum(1)
+    )
     facts = [("aten::dim", torch._C.IntType.get()), ("prim::dtype", torch._C.IntType.get())]
     assert probe(module, module.graph, [y], (x,), facts) == {y: [2, 7]}  # 7: float64
     assert str(module.graph) == before
