@@ -3,14 +3,14 @@ and the input ranks they need.
 
 A BatchNorm normalizes dim 1 of its input, with one statistic per feature. Whether that is a
 producer's output channel depends on the input's rank (a conv's output is ``[N, C, ...]`` only
-for a batched input; a linear's features are dim 1 only for a 2-D output), which a scripted
-graph does not record. The rank comes from the value's type when it is complete (a traced
-graph's); for the output of ``aten::conv{N}d`` it is N + 2, the rank TorchScript's own peephole
-optimizer gives it (it folds ``dim()`` of a convolution's output to that constant, which is how a
-scripted ``BatchNorm2d``'s rank check after a conv disappears at compile time); or from such a
-check where it stays (``if x.dim() != 4: raise`` before the BatchNorm, in its block); otherwise
-it comes from one run of ``forward`` on the example inputs: a copy of its graph that also
-returns each top-level BatchNorm input's ``dim()``.
+for a batched input; a linear's features are dim 1 only for a 2-D output), which a frozen graph
+does not record (freezing erases even a traced graph's ranks). For the output of
+``aten::conv{N}d`` the rank is N + 2, the rank TorchScript's own peephole optimizer gives it (it
+folds ``dim()`` of a convolution's output to that constant, which is how a scripted
+``BatchNorm2d``'s rank check after a conv disappears at compile time); else it comes from such a
+check where it stays (``if x.dim() != 4: raise`` before the BatchNorm, in its block), or from one
+run of ``forward`` on the example inputs (``fxmobile.script.probe``: each top-level BatchNorm
+input's ``dim()``).
 """
 
 from __future__ import annotations
@@ -96,17 +96,14 @@ def batchnorms(
 
 
 def input_ranks(module: torch.jit.ScriptModule, ctx: ScriptContext) -> dict[torch._C.Value, int]:
-    """The rank of each BatchNorm input that can be known: from its type, its producer (a
-    convolution), or a run of ``forward`` on the example inputs (top-level BatchNorms of
+    """The rank of each BatchNorm input that can be known: from its producer (a convolution), a
+    rank check before it, or a run of ``forward`` on the example inputs (top-level BatchNorms of
     ``forward`` only)."""
     ranks: dict[torch._C.Value, int] = {}
     for name in ctx.methods:
         for node in iter_nodes(module._c._get_method(name).graph):
             if node.kind() == "aten::batch_norm":
-                kind = node.inputsAt(0).type()
-                dim = kind.dim() if isinstance(kind, torch._C.TensorType) else None
-                if dim is None:
-                    dim = _CONV_RANKS.get(node.inputsAt(0).node().kind())
+                dim = _CONV_RANKS.get(node.inputsAt(0).node().kind())
                 if dim is None:
                     dim = _checked_rank(node)
                 if dim is not None:
