@@ -257,6 +257,28 @@ def test_statistics_the_input_changes_are_left_alone(which: str, reason: str) ->
     assert_equivalent(model, result.unit, x)
 
 
+class WeightFromTheInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 3, 3, 3))
+        self.b = nn.Parameter(torch.randn(4))
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(F.conv2d(x, self.w * x.mean(), self.b))
+
+
+def test_a_conv_whose_weight_the_input_changes_is_not_folded() -> None:
+    model = randomize_batchnorm(WeightFromTheInput()).eval()
+    x = torch.randn(1, 3, 8, 8)
+    result = FoldBatchNorm().call(frozen(model), NO_INPUTS)
+    assert (result.rewrites, result.skips) == (
+        0,
+        {"aten::conv2d weight or bias is not a constant": 1},
+    )
+    assert_equivalent(model, result.unit, x)
+
+
 def test_the_fold_is_computed_in_float64() -> None:
     module = frozen(randomize_batchnorm(nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4))))
     (bn,) = [b for _, b in batchnorms_of(module, ["forward"]) if not isinstance(b, str)]
