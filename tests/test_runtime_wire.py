@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -141,22 +143,67 @@ def test_catalogue_pins_each_runtime_exactly() -> None:
         assert spec.folder_name == f"torch-{version}"
 
 
+def _stamp(requirements: list[str], left_out: list[str] | None = None) -> str:
+    left = list(install_module.LEFT_OUT) if left_out is None else left_out
+    return json.dumps({"requirements": requirements, "left_out": left})
+
+
 def _fake_install(root: Path, version: str, requirements: list[str]) -> None:
     folder = root / f"torch-{version}"
     (folder / "bin").mkdir(parents=True)
     (folder / "bin" / "python").write_text("")
-    (folder / install_module.STAMP).write_text(json.dumps({"requirements": requirements}))
+    (folder / install_module.STAMP).write_text(_stamp(requirements))
 
 
 def test_a_runtime_counts_as_installed_only_with_a_stamp_of_its_pins(tmp_path: Path) -> None:
     spec = RUNTIMES["1.13.1"]
+    stamp = tmp_path / "torch-1.13.1" / install_module.STAMP
     assert not installed("1.13.1", tmp_path)
     _fake_install(tmp_path, "1.13.1", ["torch==1.13.0"])  # other pins: made again by install
     assert not installed("1.13.1", tmp_path)
-    (tmp_path / "torch-1.13.1" / install_module.STAMP).write_text(
-        json.dumps({"requirements": list(spec.requirements)})
-    )
+    stamp.write_text(_stamp(list(spec.requirements), left_out=[]))  # made before LEFT_OUT
+    assert not installed("1.13.1", tmp_path)
+    stamp.write_text(_stamp(list(spec.requirements)))
     assert installed("1.13.1", tmp_path)
+
+
+def test_a_runtime_gets_its_pins_requirements_but_those_left_out() -> None:
+    # Run here on this venv's torch: what install() asks pip for after the pins themselves.
+    wanted = install_module._requirements_of(sys.executable, ("torch==2.15.0",))
+    names = {install_module._normalized(install_module._name_of(r)) for r in wanted}
+    assert "filelock" in names and "sympy" in names
+    assert "triton" not in names and "torch" not in names
+    assert all(";" not in r for r in wanted)  # markers evaluated here, not passed on
+
+
+def test_too_little_free_disk_is_refused_before_pip_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = RUNTIMES["2.12.1"]
+    monkeypatch.setattr(
+        install_module.shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(10, 9, 2**30)
+    )
+    with pytest.raises(SystemExit, match=r"torch-2\.12\.1 needs about 5\.4 GiB.*1\.0 GiB are"):
+        install_module.install(spec, tmp_path)
+    assert not (tmp_path / spec.folder_name).exists()
+
+
+def test_the_recorded_disk_figures_are_what_the_installs_took() -> None:
+    # An installed runtime's stamp measured its venv; the catalogue's figure (the free-disk check
+    # and the README use it) must still say the same, within 10%.
+    specs: list[install_module.RuntimeSpec | install_module.PeerSpec] = [
+        *RUNTIMES.values(),
+        *install_module.PEERS.values(),
+    ]
+    checked = [(spec, install_module.read_stamp(spec)) for spec in specs]
+    checked = [(spec, stamp) for spec, stamp in checked if stamp is not None]
+    if not checked:
+        pytest.skip("no runtime installed (make runtimes)")
+    for spec, stamp in checked:
+        assert stamp is not None
+        measured, figure = int(str(stamp["bytes"])) / 2**30, spec.disk_gib
+        name = spec.folder_name
+        assert abs(measured - figure) <= 0.1 * figure, (name, measured, figure)
 
 
 def test_install_leaves_a_stamped_runtime_alone(

@@ -31,6 +31,14 @@ STAMP = ".fxmobile-runtime.json"
 NEWEST_PYTHON = (3, 11)
 
 
+# What pip would pull in for torch that no runtime or peer here ever imports: triton is the GPU
+# compiler behind torch.compile's inductor (0.7 GiB per venv). Left out, the venvs fit on a
+# machine with less free disk; `pip check` in them names it missing, on purpose.
+LEFT_OUT = ("triton",)
+# Room for pip's downloads and unpacking beyond the finished venv (torch's wheel is the largest).
+DOWNLOAD_HEADROOM_GIB = 1.5
+
+
 @dataclass(frozen=True)
 class RuntimeSpec:
     """A reference runtime: its pins, why it is one, and the figures measured on it."""
@@ -38,6 +46,7 @@ class RuntimeSpec:
     version: str  # torch's version, and the name users pass (--runtime 1.13.1)
     requirements: tuple[str, ...]
     role: str  # why it is a reference: shown by the CLI and the README
+    disk_gib: float  # the finished venv on disk, measured (its stamp's bytes)
     # Measured on the installed runtime (fxmobile/runtime/measure.py; tests/test_runtime_compat.py
     # fails when a figure here stops matching what the runtime says):
     bytecode_range: tuple[int, int]  # the lite interpreter's own range, from its refusal message
@@ -58,6 +67,7 @@ RUNTIMES: dict[str, RuntimeSpec] = {
             "1.13.1",
             ("torch==1.13.1", "numpy==1.26.4"),
             "PyTorch Mobile 1.13.1 (pytorch_android_lite, LibTorch-Lite): what shipped apps load",
+            disk_gib=3.2,
             bytecode_range=(4, 9),
             loaded_bytecode=(4, 5, 6, 7, 8),
             max_operator_version=10,
@@ -66,6 +76,7 @@ RUNTIMES: dict[str, RuntimeSpec] = {
             "2.12.1",
             ("torch==2.12.1",),
             "the last torch built with XNNPACK: its own prepacked:: ops and XNNPACK kernels",
+            disk_gib=3.9,
             bytecode_range=(4, 9),
             loaded_bytecode=(4, 5, 6, 7, 8),
             max_operator_version=10,
@@ -81,6 +92,7 @@ class PeerSpec:
     name: str  # the folder is named after it: .runtimes/executorch-1.5.1
     requirements: tuple[str, ...]
     role: str
+    disk_gib: float  # the finished venv on disk, measured (its stamp's bytes)
 
     @property
     def folder_name(self) -> str:
@@ -96,6 +108,7 @@ PEERS: dict[str, PeerSpec] = {
             "executorch-1.5.1",
             ("executorch==1.5.1", "torch==2.14.1", "torchvision==0.29.2"),
             "ExecuTorch 1.5.1 with its XNNPACK delegate (benchmarks/bench_peers.py)",
+            disk_gib=5.1,
         ),
     )
 }
@@ -128,6 +141,8 @@ def read_stamp(spec: RuntimeSpec | PeerSpec, root: Path | None = None) -> dict[s
         return None
     if stamp.get("requirements") != list(spec.requirements):
         return None
+    if stamp.get("left_out") != list(LEFT_OUT):
+        return None
     return stamp if venv_python(spec, root).exists() else None
 
 
@@ -141,29 +156,24 @@ def install(spec: RuntimeSpec | PeerSpec, root: Path) -> dict[str, object]:
     if target.exists():
         print(f"{spec.folder_name}: incomplete or other requirements, making it again")
         shutil.rmtree(target)
+    _check_free_disk(spec, root)
     print(f"{spec.folder_name}: installing {' '.join(spec.requirements)} into {target}")
     start = time.monotonic()
     venv.create(target, with_pip=True)
     python = str(venv_python(spec, root))
-    # No wheel cache: the venv is the cache, and a second copy of a CUDA torch is gigabytes.
-    subprocess.run(
-        [
-            python,
-            "-m",
-            "pip",
-            "install",
-            "--no-cache-dir",
-            "--progress-bar",
-            "off",
-            *spec.requirements,
-        ],
-        check=True,
-    )
+    # The pins first without their requirements, then those requirements but LEFT_OUT (pip then
+    # resolves everything below them as usual).
+    _pip(python, "--no-deps", *spec.requirements)
+    requirements = _requirements_of(python, spec.requirements)
+    if requirements:
+        _pip(python, *requirements)
+    print(f"{spec.folder_name}: left out on purpose: {', '.join(LEFT_OUT)} (pip may warn of it)")
     frozen = subprocess.run(
         [python, "-m", "pip", "freeze", "--all"], check=True, capture_output=True, text=True
     ).stdout.split()
     stamp = {
         "requirements": list(spec.requirements),
+        "left_out": list(LEFT_OUT),
         "installed": frozen,
         "seconds": round(time.monotonic() - start, 1),
         "bytes": _disk_bytes(target),
@@ -173,6 +183,63 @@ def install(spec: RuntimeSpec | PeerSpec, root: Path) -> dict[str, object]:
         f"{spec.folder_name}: done in {stamp['seconds']} s, {_gib(int(stamp['bytes']))} on disk"  # type: ignore[call-overload]
     )
     return stamp
+
+
+def _pip(python: str, *args: str) -> None:
+    # No wheel cache: the venv is the cache, and a second copy of a CUDA torch is gigabytes.
+    subprocess.run(
+        [python, "-m", "pip", "install", "--no-cache-dir", "--progress-bar", "off", *args],
+        check=True,
+    )
+
+
+# Run in the new venv: the requirements of the named installed packages that apply there
+# (markers evaluated by pip's own vendored packaging), one per line, markers dropped.
+_LIST_REQUIREMENTS = """
+import sys
+from importlib import metadata
+from pip._vendor.packaging.requirements import Requirement
+for name in sys.argv[1:]:
+    for line in metadata.requires(name) or ():
+        req = Requirement(line)
+        if req.marker is None or req.marker.evaluate({"extra": ""}):
+            extras = "[" + ",".join(sorted(req.extras)) + "]" if req.extras else ""
+            print(f"{req.name}{extras}{req.specifier}")
+"""
+
+
+def _requirements_of(python: str, pins: tuple[str, ...]) -> list[str]:
+    names = [pin.split("==")[0] for pin in pins]
+    listed = subprocess.run(
+        [python, "-c", _LIST_REQUIREMENTS, *names], check=True, capture_output=True, text=True
+    ).stdout.split()
+    skip = {_normalized(n) for n in (*names, *LEFT_OUT)}
+    wanted = [r for r in listed if _normalized(_name_of(r)) not in skip]
+    return sorted(set(wanted))
+
+
+def _name_of(requirement: str) -> str:
+    for i, ch in enumerate(requirement):
+        if not (ch.isalnum() or ch in "-_."):
+            return requirement[:i]
+    return requirement
+
+
+def _normalized(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def _check_free_disk(spec: RuntimeSpec | PeerSpec, root: Path) -> None:
+    needed = spec.disk_gib + DOWNLOAD_HEADROOM_GIB
+    free = shutil.disk_usage(root).free / 2**30
+    if free < needed:
+        raise SystemExit(
+            f"install.py: {spec.folder_name} needs about {needed:.1f} GiB free under {root} "
+            f"({spec.disk_gib} GiB installed, {DOWNLOAD_HEADROOM_GIB} GiB while pip downloads); "
+            f"{free:.1f} GiB are. Free some, or install elsewhere: "
+            f"python fxmobile/runtime/install.py /bigger/disk/runtimes, then "
+            f"{DIR_VARIABLE}=/bigger/disk/runtimes"
+        )
 
 
 def _disk_bytes(folder: Path) -> int:
