@@ -42,8 +42,9 @@ clean:
 # .runtimes/ (torch-1.13.1, torch-2.12.1), pinned in fxmobile/runtime/install.py, which this runs
 # by path with $(PYTHON) (3.10 or 3.11: torch 1.13.1 has no wheel for later Pythons). A finished
 # venv has a stamp, so a second run does nothing; `make clean` leaves them (gigabytes).
+# RUNTIMES_FLAGS=--if-room skips a venv the free disk cannot hold instead of failing (.ci/run).
 runtimes:
-	$(PYTHON) fxmobile/runtime/install.py .runtimes
+	$(PYTHON) fxmobile/runtime/install.py $(RUNTIMES_FLAGS) .runtimes
 
 # The benchmark's peers in venvs of their own under .runtimes/ (README, "Performance"): ExecuTorch
 # 1.5.1 with its XNNPACK delegate, which pins its own torch. Idempotent like `make runtimes`.

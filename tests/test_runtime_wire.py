@@ -183,8 +183,12 @@ def test_too_little_free_disk_is_refused_before_pip_runs(
     monkeypatch.setattr(
         install_module.shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(10, 9, 2**30)
     )
-    with pytest.raises(SystemExit, match=r"torch-2\.12\.1 needs about 5\.4 GiB.*1\.0 GiB are"):
+    shortfall = r"torch-2\.12\.1 needs about 5\.4 GiB.*1\.0 GiB are"
+    with pytest.raises(install_module.NotEnoughDiskError, match=shortfall):
         install_module.install(spec, tmp_path)
+    assert not (tmp_path / spec.folder_name).exists()
+    assert install_module.main([str(tmp_path)]) == 3
+    assert install_module.main(["--if-room", str(tmp_path)]) == 0  # CI goes on without them
     assert not (tmp_path / spec.folder_name).exists()
 
 
