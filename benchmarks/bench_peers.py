@@ -243,7 +243,9 @@ def _onnx_bytes(model: nn.Module, x: torch.Tensor) -> tuple[bytes, str]:
     except Exception as dynamo_error:
         buffer = io.BytesIO()
         try:
-            torch.onnx.export(model, (x,), buffer, dynamo=False)
+            # torch types ``f`` as a path, but the TorchScript exporter writes to a file-like
+            # object too (torch.onnx's own call into it carries the same ignore)
+            torch.onnx.export(model, (x,), buffer, dynamo=False)  # type: ignore[arg-type]
         except Exception as legacy_error:
             raise RuntimeError(
                 f"dynamo exporter: {_first_line(dynamo_error)}; "
