@@ -115,12 +115,16 @@ def stopwatch(spent: dict[str, float]) -> Iterator[None]:
 
 
 def build_model(name: str) -> nn.Module:
+    """torchvision's ``name`` with random weights (seed 0), BatchNorm statistics randomized
+    at ``INPUT_SHAPE``, in eval mode."""
     torch.manual_seed(0)
     model = torchvision.models.get_model(name, weights=None)
     return randomize_batchnorm_statistics(model, INPUT_SHAPE)
 
 
 def script_freeze(model: nn.Module) -> torch.jit.ScriptModule:
+    """The baseline candidate: ``torch.jit.freeze(torch.jit.script(model))``, what a user's
+    export script runs without fxmobile. Puts ``model`` in eval mode."""
     with _quiet():
         return torch.jit.freeze(torch.jit.script(model.eval()))
 
@@ -177,6 +181,9 @@ def cold_seconds(model_name: str, candidate: str, reps: int, threads: int) -> li
 
 
 def child(model_name: str, candidate: str) -> None:
+    """The process ``cold_seconds`` starts: build the model, run ``candidate`` once
+    ("script+freeze", or "fxmobile": ``optimize`` with example inputs) and print its seconds as
+    the last stdout line. Building the model is not timed."""
     model = build_model(model_name)
     x = torch.randn(INPUT_SHAPE)
     start = time.perf_counter()
@@ -189,6 +196,9 @@ def child(model_name: str, candidate: str) -> None:
 
 
 def breakdown_table(run: FxmobileRun) -> str:
+    """``run``'s seconds and share of its total per ``STAGES`` label that ran; indented labels
+    are parts of the stage above and are left out of the rest, which is the total minus the
+    top-level stages."""
     total = run.stages["total"]
     rows: list[list[object]] = []
     outer = 0.0
@@ -204,6 +214,8 @@ def breakdown_table(run: FxmobileRun) -> str:
 
 
 def pass_table(run: FxmobileRun, top: int) -> str:
+    """The ``top`` slowest passes of ``run`` by the seconds fxmobile's report gives, and the
+    sum over all of them."""
     ranked = sorted(run.passes.items(), key=lambda item: item[1], reverse=True)
     rows: list[list[object]] = [[name, seconds] for name, seconds in ranked[:top]]
     rows.append(["all passes", sum(run.passes.values())])
@@ -211,6 +223,8 @@ def pass_table(run: FxmobileRun, top: int) -> str:
 
 
 def profile(model: nn.Module, x: torch.Tensor, top: int) -> str:
+    """One ``fxmobile.optimize(model, example_inputs=x)`` under cProfile: the ``top`` entries
+    by cumulative time, as pstats prints them."""
     profiler = cProfile.Profile()
     with _quiet():
         profiler.enable()
@@ -223,6 +237,10 @@ def profile(model: nn.Module, x: torch.Tensor, top: int) -> str:
 
 
 def main() -> None:
+    """Print the interleaved medians (seconds, and each ratio to script+freeze, against the
+    1.5x target), the cold first calls with ``--cold``, the breakdown of fxmobile's median
+    repetition, its slowest passes, and the profile with ``--profile``. All on the CPU with
+    ``--threads`` torch threads, in this process (the ``--cold`` calls in fresh ones)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="resnet50", help="torchvision model (default resnet50)")
     parser.add_argument("--reps", type=int, default=5, help="timed repetitions (default 5)")

@@ -138,6 +138,10 @@ class Ctx:
 
 @dataclass(frozen=True)
 class Candidate:
+    """One column of the benchmark: ``name`` is its key (``--skip``, the JSON), ``label`` its
+    header, ``build`` makes it for a model, ``runs_on`` and ``kernels`` say where it ran in the
+    legend, ``needs`` the child process it needs, if any."""
+
     name: str
     label: str  # column header
     build: Callable[[Ctx], Built]
@@ -148,6 +152,10 @@ class Candidate:
 
 @dataclass
 class Outcome:
+    """One candidate on one model: its latency (ms, with where it ran), setup seconds, relative
+    error against eager and builder extras; ``error`` when it failed to build, run or be timed,
+    and then ``timing`` is None."""
+
     timing: Latency | None = None
     setup_s: float | None = None
     relative_error: float | None = None
@@ -183,12 +191,14 @@ def _here(run: Callable[[], Any], kernels: str, runs_on: str = HERE) -> Timer:
 
 
 def build_eager(ctx: Ctx) -> Built:
+    """The reference: the model as built, in this process (torch 2.15, ATen); no setup."""
     model, x = ctx.model, ctx.x
     run = lambda: model(x)  # noqa: E731
     return Built(run, _here(run, KERNELS["eager"]), 0.0)
 
 
 def build_eager_cl(ctx: Ctx) -> Built:
+    """Eager on a channels-last copy of the model and input (torch 2.15, ATen); no setup."""
     cl = torch.channels_last
     model = copy.deepcopy(ctx.model).to(memory_format=cl)
     x = ctx.x.contiguous(memory_format=cl)
@@ -197,6 +207,9 @@ def build_eager_cl(ctx: Ctx) -> Built:
 
 
 def build_jit_ofi(ctx: Ctx) -> Built:
+    """``optimize_for_inference(freeze(script(copy)))`` in this process (TorchScript on ATen and
+    oneDNN); setup is the scripting, freezing and optimizing."""
+
     def make() -> torch.jit.ScriptModule:
         frozen = torch.jit.freeze(torch.jit.script(copy.deepcopy(ctx.model)))
         return torch.jit.optimize_for_inference(frozen)
@@ -208,6 +221,9 @@ def build_jit_ofi(ctx: Ctx) -> Built:
 
 
 def build_compile(ctx: Ctx) -> Built:
+    """``torch.compile`` of a copy (inductor), compiled by a first call under ``no_grad``; that
+    call's seconds are its setup and ``extra["compile_s"]``. Unless ``--warm-compile-cache``,
+    inductor's cache is fresh for the run, so this is a first compile's cost."""
     compiled = torch.compile(copy.deepcopy(ctx.model))
     x = ctx.x
     with torch.no_grad():  # grad mode is a guard: compile for the mode the timing runs in
@@ -227,7 +243,9 @@ def _onnx_bytes(model: nn.Module, x: torch.Tensor) -> tuple[bytes, str]:
     except Exception as dynamo_error:
         buffer = io.BytesIO()
         try:
-            torch.onnx.export(model, (x,), buffer, dynamo=False)
+            # torch types ``f`` as a path, but the TorchScript exporter writes to a file-like
+            # object too (torch.onnx's own call into it carries the same ignore)
+            torch.onnx.export(model, (x,), buffer, dynamo=False)  # type: ignore[arg-type]
         except Exception as legacy_error:
             raise RuntimeError(
                 f"dynamo exporter: {_first_line(dynamo_error)}; "
@@ -237,6 +255,12 @@ def _onnx_bytes(model: nn.Module, x: torch.Tensor) -> tuple[bytes, str]:
 
 
 def build_ort(ctx: Ctx) -> Built:
+    """The model exported to ONNX and run by ONNX Runtime in this process on its CPU execution
+    provider: all graph optimizations, as many intra-op threads as torch has, one inter-op.
+
+    Setup is export plus session creation (both also in ``extra``, with whether the dynamo
+    exporter made the file); the first output is the one checked against eager.
+    """
     import onnxruntime as ort
 
     (proto, exporter), export_s = _timed(lambda: _onnx_bytes(copy.deepcopy(ctx.model), ctx.x))
@@ -298,6 +322,8 @@ def build_fxm_nchw(ctx: Ctx) -> Built:
 
 
 def build_fxm_lite(ctx: Ctx) -> Built:
+    """fxmobile's saved file in this process's lite interpreter (fxmobile._C's kernels); setup
+    is optimizing plus loading the file."""
     path, optimize_s = _fxm_file(ctx)
     module, load_s = _timed(lambda: torch.jit.mobile._load_for_lite_interpreter(str(path)))
     x = ctx.x
@@ -312,6 +338,8 @@ def _on_runtime(loaded: LoadedFile, x: torch.Tensor, name: str, setup_s: float) 
 
 
 def build_fxm_212(ctx: Ctx) -> Built:
+    """The same saved file loaded in the torch 2.12.1 child and timed there, on its XNNPACK
+    kernels; setup is the optimizing only (the load in the child is not counted)."""
     path, optimize_s = _fxm_file(ctx)
     loaded = ctx.processes[REFERENCE_RUNTIME].load(path)
     return _on_runtime(loaded, ctx.x, "fxm_212", optimize_s)
@@ -390,11 +418,14 @@ def _first_line(exc: BaseException) -> str:
 
 
 def build_model(name: str) -> nn.Module:
+    """torchvision's ``name`` with random weights (from torch's global generator: the caller
+    seeds it), BatchNorm statistics randomized at ``INPUT_SHAPE``, in eval mode."""
     model = torchvision.models.get_model(name, weights=None)
     return randomize_batchnorm_statistics(model, INPUT_SHAPE)
 
 
 def count_flops(model: nn.Module, x: torch.Tensor) -> int:
+    """FLOPs of one eager forward on ``x`` by ``FlopCounterMode`` (a multiply-add is 2)."""
     counter = FlopCounterMode(display=False)
     with torch.no_grad(), counter:
         model(x)
@@ -528,10 +559,14 @@ def _gflops(flops: int, out: Outcome) -> float | None:
 
 
 def gflops_table(results: Results, cands: list[Candidate]) -> str:
+    """GFLOP/s per model and candidate: the eager model's FLOPs over the candidate's median
+    latency (the same count for every candidate, whatever its graph computes)."""
     return _grid(results, cands, "GFLOP/s", _gflops, ".1f")
 
 
 def error_table(results: Results, cands: list[Candidate]) -> str:
+    """Each candidate's relative error against eager per model (max abs error over the largest
+    eager output magnitude), from the check made when it was built."""
     return _grid(results, cands, "rel. error vs eager", lambda _f, o: o.relative_error, ".1e")
 
 
@@ -561,6 +596,9 @@ PAIRS = (
 
 
 def summary(results: Results) -> str:
+    """The ``PAIRS`` ratios per model (median of B over median of A: above 1, A is faster),
+    then the median speedup over eager across ``MOBILE_MODELS`` of each shipped-file candidate
+    and ORT."""
     lines = []
     rows = []
     for model, (_f, outcomes) in results.items():
@@ -582,6 +620,7 @@ def summary(results: Results) -> str:
 
 
 def failures(results: Results) -> list[str]:
+    """``model / candidate: error`` for each candidate that failed to build, run or be timed."""
     return [
         f"{model} / {name}: {out.error}"
         for model, (_f, outcomes) in results.items()
@@ -591,6 +630,9 @@ def failures(results: Results) -> list[str]:
 
 
 def to_json(results: Results, args: argparse.Namespace, environment: dict[str, Any]) -> dict:
+    """The JSON document: ``environment``, the run's settings, where each candidate runs and on
+    which kernels, and per model its FLOPs and each candidate's timing (ms), speedup over eager,
+    GFLOP/s, relative error, setup seconds, extras and error."""
     models = {}
     for model, (flops, outcomes) in results.items():
         cands = {}
@@ -659,6 +701,9 @@ def start_processes(
 
 
 def environment(processes: dict[str, RuntimeProcess]) -> dict[str, Any]:
+    """What the figures depend on: torch, torchvision and onnxruntime versions (None when it
+    does not import), each child's torch, pid and threads, Python, machine, CPU count and
+    ``OMP_WAIT_POLICY``."""
     try:
         import onnxruntime
 
@@ -681,6 +726,13 @@ def environment(processes: dict[str, RuntimeProcess]) -> dict[str, Any]:
 
 
 def main() -> None:
+    """Run the benchmark from the command line: refuse ``--skip eager`` and models that are not
+    torchvision classifiers, leave out candidates whose runtime is missing, start the child
+    processes, bench every model and print and write the report.
+
+    Sets torch's thread count and, unless ``--warm-compile-cache``, points
+    ``TORCHINDUCTOR_CACHE_DIR`` at a temporary folder for the run (the variable stays set).
+    """
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--models", nargs="+", default=list(MODELS), metavar="MODEL", help="torchvision models"
@@ -733,6 +785,8 @@ def main() -> None:
 def run_all(
     args: argparse.Namespace, cands: list[Candidate], processes: dict[str, RuntimeProcess]
 ) -> Results:
+    """``bench_model`` for each of ``args.models`` in order, progress on stderr; dynamo's caches
+    are reset after each model to free what its compiled candidate held."""
     results: Results = {}
     for model in args.models:
         start = time.perf_counter()
@@ -745,6 +799,9 @@ def run_all(
 
 
 def report(results: Results, args: argparse.Namespace, env: dict[str, Any]) -> None:
+    """Print the settings line, the legend (runtime and kernels per column), the latency,
+    GFLOP/s, error and setup tables, the summary and the failures; write the JSON to
+    ``args.json`` (default ``benchmarks/results/``, git-ignored)."""
     cands = [c for c in CANDIDATES if any(c.name in o for _f, o in results.values())]
     load = env["load_average_1_5_15"]
     print(

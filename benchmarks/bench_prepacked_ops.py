@@ -50,6 +50,9 @@ DEFAULT_MODELS = ["mobilenet_v2", "resnet18", "resnext50_32x4d", "resnext101_32x
 
 @dataclass(frozen=True)
 class ConvShape:
+    """One convolution as a model calls it: input and weight shapes, its arguments, and the
+    clamp (min, max; None for no bound) the model applies after it. Equal shapes are counted."""
+
     input: tuple[int, ...]
     weight: tuple[int, ...]
     stride: tuple[int, int]
@@ -69,6 +72,9 @@ class ConvShape:
 
 @dataclass(frozen=True)
 class LinearShape:
+    """One linear as a model calls it: input and weight shapes; the clamp is always (None,
+    None), since ``model_shapes`` looks for activations after convolutions only."""
+
     input: tuple[int, ...]
     weight: tuple[int, ...]
     clamp: Clamp
@@ -82,6 +88,9 @@ Shape = ConvShape | LinearShape
 
 @dataclass
 class Case:
+    """One shape of one model, ready to time: ``count`` is how often the model runs it, the
+    calls are bound to their inputs per layout, and ``times`` collects seconds per call."""
+
     model: str
     shape: Shape
     count: int
@@ -303,6 +312,10 @@ def _ratio(run: float | None, eager: float | None) -> float | None:
 
 
 def report(cases: list[Case]) -> str:
+    """The main table: per shape and layout (NCHW, channels-last) the median microseconds of the
+    eager ATen op + clamp and of fxmobile's prepacked op, their ratio (below 1: prepacked is
+    faster) and the kernel path taken; per model a sum row weighted by each shape's count.
+    Linears have no channels-last row of their own: their NCHW figures count in both sums."""
     headers = ["model", "op", "x", "clamp"]
     for tag in ("NCHW", "CL"):
         headers += [f"{tag} eager us", f"{tag} run us", "ratio", f"{tag} path"]
@@ -351,6 +364,10 @@ def report_paths(cases: list[Case]) -> str:
 
 
 def main() -> None:
+    """Collect the shapes of ``--models``, build and check every case, time them all in one
+    interleaved run under ``inference_mode`` with ``--threads`` torch threads, and print the
+    tables. Both sides run in this process on torch 2.15: the ``prepacked::`` ops on
+    fxmobile._C's kernels (upstream's XNNPACK op names, not XNNPACK), eager on ATen."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=100, help="timed rounds (default 100)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")

@@ -16,7 +16,8 @@ library only) and one more, ``lower_torchvision``:
   which the ``run`` and ``time`` requests then call like any loaded file.
 
 The XNNPACK delegate's thread pool gets the same thread count as the torches
-(``_unsafe_reset_threadpool``); the reply says how many nodes the delegate took.
+(``_unsafe_reset_threadpool``); the reply says how many delegate calls the lowered graph makes
+and which ops stay outside the delegate.
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ class ExecuTorchForward:
 
 
 class ExecuTorchServer(server.Server):
+    """The reference-runtime server with ExecuTorch's request added (``lower_torchvision``) and
+    its ``hello`` extended: it sizes the XNNPACK thread pool to torch's thread count and
+    reports ExecuTorch's version and that pool's size."""
+
     def hello(self) -> dict[str, Any]:
         from executorch.extension.pybindings import portable_lib
         from executorch.version import __version__

@@ -129,6 +129,9 @@ def build(name: str, workdir: Path, script_route: bool) -> tuple[list[dict[str, 
 
 
 def run_child(python: Path, request: dict[str, Any], threads: int) -> dict[str, Any]:
+    """Run ``profile_ops_child.py`` with the runtime's ``python`` (isolated: ``-I``, without
+    ``PYTHONPATH``/``VIRTUAL_ENV``, OpenMP and MKL at ``threads``), ``request`` on its stdin;
+    its JSON reply. ``RuntimeError`` with the end of its stderr when it fails."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -147,12 +150,18 @@ def run_child(python: Path, request: dict[str, Any], threads: int) -> dict[str, 
 
 
 def relative_error(expected: torch.Tensor, actual: torch.Tensor) -> float:
+    """Max abs difference over eager's largest magnitude (over 1 when eager is all zeros)."""
     scale = expected.abs().max().item() or 1.0
     return float((expected - actual).abs().max().item() / scale)
 
 
 def report(name: str, reply: dict[str, Any], files: dict[str, Path], errors: dict[str, float],
            top: int) -> None:  # fmt: skip
+    """Print one model's tables: per file the wall-clock latency (ms, median and percentiles)
+    and the calling thread's CPU time, both as measured in the reference runtime's lite
+    interpreter and as ratios to upstream's file (above 1: slower), its instruction and
+    operator-call counts, the profiled self time and the error against eager; then the ``top``
+    ops by the first file's self CPU time, calls and microseconds per run for each file."""
     names = list(reply["latency"])
     upstream = reply["latency"]["upstream"]["median"]
     upstream_cpu = reply["cpu"]["upstream"]["median"]
@@ -186,6 +195,10 @@ def report(name: str, reply: dict[str, Any], files: dict[str, Path], errors: dic
 
 
 def main() -> None:
+    """Build each model's files here, hand them to one reference-runtime child per model
+    (``--runtime``, default 2.12.1, with its XNNPACK kernels), and print the report; the load
+    average is printed before and after. ``--keep DIR`` keeps the files (and the input and
+    outputs) there instead of a temporary folder."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=list(MODELS))
     parser.add_argument("--runtime", default="2.12.1")

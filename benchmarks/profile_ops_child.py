@@ -27,6 +27,9 @@ from torch.utils.mobile_optimizer import optimize_for_mobile
 
 
 def load(candidate: dict[str, Any]) -> Callable[..., Any]:
+    """A candidate's file in this runtime's lite interpreter. An "upstream" candidate is a
+    TorchScript file put through this torch's ``optimize_for_mobile`` first (and saved to its
+    ``save_to``, when given, so the parent can count its bytecode)."""
     if candidate["kind"] == "upstream":
         scripted = torch.jit.load(candidate["path"], map_location="cpu").eval()
         data = optimize_for_mobile(scripted)._save_to_buffer_for_lite_interpreter()
@@ -38,6 +41,7 @@ def load(candidate: dict[str, Any]) -> Callable[..., Any]:
 
 
 def percentile(values: list[float], q: float) -> float:
+    """The value at rank ``int(q * n)`` of the sorted ``values`` (no interpolation)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
@@ -54,6 +58,9 @@ def profile(module: Callable[..., Any], x: torch.Tensor, iterations: int) -> dic
 
 
 def main() -> None:
+    """Serve one request from stdin: save every candidate's output, time the candidates
+    interleaved (wall and this thread's CPU time, ms per call), profile each alone (ops'
+    self CPU microseconds per run), and write the reply as JSON to stdout."""
     request = json.load(sys.stdin)
     torch.set_num_threads(request["threads"])
     x = torch.load(request["input"])

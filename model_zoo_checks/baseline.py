@@ -48,6 +48,13 @@ DEFAULT_PATH = Path(__file__).with_name("baseline.json")
 
 @dataclass(frozen=True)
 class Thresholds:
+    """How far a metric may move from its baseline value before it counts as a regression.
+
+    ``error_growth`` multiplies the baseline relative error, ``error_floor`` is the fraction of
+    the model's tolerance below which an error never regresses, and ``latency_margin`` is the
+    fraction a latency ratio may grow by (see the module docstring for the rules).
+    """
+
     error_growth: float = 10.0
     error_floor: float = 0.1  # fraction of the tolerance
     latency_margin: float = 0.25
@@ -58,6 +65,8 @@ class Thresholds:
 
 
 class Metric(enum.StrEnum):
+    """What a regression is about; each value is the field of ``BaselineEntry`` it compares."""
+
     STATUS = "status"
     RELATIVE_ERROR = "relative_error"
     UNFUSED_OPS = "unfused_ops"
@@ -71,6 +80,13 @@ LATENCY_METRICS = frozenset({Metric.LATENCY_RATIO, Metric.RUNTIME_RATIO})
 
 @dataclass(frozen=True)
 class Regression:
+    """One metric of one model on one backend that got worse than the baseline allows.
+
+    ``old`` and ``new`` are the baseline's and the run's values, ``bound`` the largest new value
+    that would have passed (None for status, runtime and unfused-op regressions), ``detail`` the
+    error or the ops that grew. ``str()`` is the line the run prints.
+    """
+
     key: str
     backend: str
     metric: Metric
@@ -99,6 +115,12 @@ class Regression:
 
 @dataclass(frozen=True)
 class BaselineEntry:
+    """What the baseline keeps of one ``ModelResult``: the figures a later run is compared on.
+
+    Latency is kept as ratios only (optimized/eager, fxmobile/upstream on 2.12.1), never as
+    milliseconds, since absolute times on a shared machine do not carry from run to run.
+    """
+
     status: Status
     route: str = "fx"
     error: str | None = None
@@ -154,6 +176,7 @@ def load(path: Path) -> Baseline:
 
 
 def save(baseline: Baseline, path: Path) -> None:
+    """Write ``baseline`` to ``path`` as versioned JSON, entries sorted by key (stable diffs)."""
     entries = {key: baseline[key].to_dict() for key in sorted(baseline)}
     path.write_text(json.dumps({"version": VERSION, "entries": entries}, indent=1) + "\n")
 
@@ -199,6 +222,7 @@ def compare(
 
 
 def not_in_baseline(results: Iterable[ModelResult], baseline: Baseline) -> list[str]:
+    """The ids (``model/backend``) of results that ran but have no baseline entry to compare."""
     return [r.id for r in results if r.status.ran and r.id not in baseline]
 
 

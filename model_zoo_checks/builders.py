@@ -54,10 +54,19 @@ _DETECTION_INPUT = {"ssd300_vgg16": (1, 3, 300, 300)}
 
 
 def detection_input(name: str) -> tuple[int, ...]:
+    """The input shape the zoo feeds detector ``name`` and its core: 1x3x320x320, or 300x300
+    for ssd300_vgg16. The detector resizes internally; the core takes the batch as given."""
     return _DETECTION_INPUT.get(name, (1, 3, 320, 320))
 
 
 def build(entry: ZooModel) -> nn.Module:
+    """The bare model of ``entry``, random weights, in training mode; nothing downloaded.
+
+    timm and ecosystem entries go to their own modules; a torchvision builder gets
+    ``weights=None`` (and ``weights_backbone=None``), no auxiliary heads, and quantizable models
+    come back unquantized (``build_quantized`` quantizes them). A ``_core`` detection entry is
+    the detector wrapped in ``DetectionCore``.
+    """
     import torchvision
 
     from model_zoo_checks.zoo import Kind

@@ -27,6 +27,8 @@ Check = Callable[[ZooModel, RunOptions], list[ModelResult]]
 
 @dataclasses.dataclass
 class Confirmed:
+    """What ``confirm_latency`` returns: the results to report, and the regressions that held."""
+
     results: list[ModelResult]  # the run's results, flagged models' CPU results re-timed
     regressions: list[Regression]
     not_confirmed: list[str]  # one line per flagged latency regression the re-timing cleared

@@ -25,6 +25,14 @@ TOLERANCE = 1e-4  # max abs error relative to max |eager output|
 
 @dataclass
 class FxCheck:
+    """One model through ``fxmobile.optimize_fx``, as plain data (the child prints it as JSON).
+
+    ``relative_error`` is the largest over the outputs (0.0 if the report holds no numerics),
+    ``batchnorm_left`` the BatchNorm modules still called in the graph, ``original_unchanged``
+    whether the model's state (values, dtypes, strides) and training flags are exactly as before,
+    ``seconds`` the wall time of ``optimize_fx``, ``rewrites`` the report's rewrite count.
+    """
+
     name: str
     relative_error: float
     batchnorm_left: int
@@ -38,6 +46,12 @@ def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def check_fx(entry: ZooModel) -> FxCheck:
+    """Run ``entry``'s FX stage in this process and check it (seeded: torch's global seed 0).
+
+    The model has its BatchNorm statistics randomized first. The optimization's own check runs at
+    ``TOLERANCE`` and raises ``NumericalMismatchError`` on a mismatch, so a returned
+    ``relative_error`` is within it.
+    """
     torch.manual_seed(0)
     model = randomize_batchnorm_statistics(entry.build(), entry.input_shape)
     before = _snapshot(model)
@@ -82,6 +96,8 @@ def run_guarded(entry: ZooModel, limit_gib: float = 20.0, timeout: float = 1800)
 
 
 def main() -> None:
+    """The child of ``run_guarded``: check the classification model named in ``sys.argv[1]``
+    and print the ``FxCheck`` as one JSON line. Threads: ``FXMOBILE_THREADS``, default 2."""
     from model_zoo_checks.zoo import classification_models
 
     by_name = {m.name: m for m in classification_models()}

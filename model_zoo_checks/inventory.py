@@ -101,6 +101,12 @@ CAUSES: tuple[tuple[str, str], ...] = (
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The inventory command line (see the module docstring); returns 0 (bad arguments exit 2).
+
+    Rewrites ``DIR/inventory.json`` after every model, so a killed run keeps what it finished.
+    With the hidden ``--child KEY`` it is the guarded child instead: one thread, one model
+    probed here, its record printed as JSON.
+    """
     parser = _parser()
     args = parser.parse_args(argv)
     if args.out is None and not args.child:

@@ -20,6 +20,12 @@ JOURNAL = "journal.jsonl"
 
 
 class Journal:
+    """The run's journal file (see the module docstring); ``path`` None keeps no journal.
+
+    Opening it truncates the file, unless ``resume`` is set, in which case the complete lines
+    are kept and their results are in ``previous``, keyed by model key.
+    """
+
     def __init__(self, path: Path | None, resume: bool = False) -> None:
         self.path = path
         self.previous: dict[str, list[ModelResult]] = {}

@@ -32,6 +32,7 @@ class MergeError(ValueError):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``python -m model_zoo_checks merge``."""
     p = argparse.ArgumentParser(
         prog="python -m model_zoo_checks merge",
         description="Join the zoo.json of the shards of one run (--shard I/N) into one table "
@@ -95,6 +96,11 @@ def merge_shards(
 
 
 def main(argv: Sequence[str]) -> int:
+    """Merge the shards named in ``argv``, print the table and the baseline check, and return
+    the exit status: 2 when a shard cannot be read or the shards are not one run, 1 on a
+    regression or a missing shard, else 0. ``--update-baseline`` writes the baseline and
+    returns 0 whatever was found.
+    """
     args = build_parser().parse_args(list(argv))
     try:
         documents = [(path, json.loads(path.read_text())) for path in args.shards]

@@ -79,6 +79,7 @@ def _runtime_cells(r: ModelResult, versions: Sequence[str]) -> list[Any]:
 
 
 def runtime_versions_of(results: Sequence[ModelResult]) -> list[str]:
+    """The reference runtimes any result was checked on, sorted (a table column each)."""
     return sorted({v for r in results for v in r.runtimes})
 
 
@@ -143,6 +144,8 @@ def render_markdown(
     regressions: Sequence[Regression],
     meta: Mapping[str, Any],
 ) -> str:
+    """The ``zoo.md`` page: the run's meta as a list, the results table (GitHub format, headers
+    naming each latency column's runtime and kernels), the regressions, and what did not pass."""
     parts = ["# fxmobile model zoo run", ""]
     parts += [f"- {key}: {value}" for key, value in meta.items()]
     parts += [f"- {line}" for line in runtime_counts(results)]
@@ -160,6 +163,8 @@ def to_json(
     regressions: Sequence[Regression],
     meta: Mapping[str, Any],
 ) -> dict[str, Any]:
+    """The ``zoo.json`` document: meta, results and regressions as JSON-ready data (what
+    ``python -m model_zoo_checks merge`` reads back)."""
     return {
         "meta": dict(meta),
         "results": [r.to_dict() for r in results],

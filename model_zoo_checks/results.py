@@ -10,6 +10,8 @@ from typing import Any, TypeVar
 
 
 class Status(enum.StrEnum):
+    """The outcome of one model on one backend; ``ran`` tells a check apart from a skip."""
+
     PASSED = "passed"  # optimized; numerics (and top-5) within bounds
     FAILED = "failed"  # optimized, but the numerics or the top-5 check failed
     ERROR = "error"  # raised (or its child process died): see ``error``
@@ -56,6 +58,14 @@ LATENCY_RUNTIME = "2.12.1"  # the runtime with real XNNPACK kernels, where files
 
 @dataclass
 class ModelResult:
+    """Everything the run measured for one model on one backend (``id``: ``key/backend``).
+
+    Latencies are medians in milliseconds at batch 1, CPU only: ``eager_ms`` and
+    ``optimized_ms`` ran in this process on torch 2.15 (eager on ATen, the optimized module on
+    fxmobile._C's kernels); ``runtime_ms`` ran on torch 2.12.1 (see ``RUNTIME_LATENCY``).
+    Fields a run did not measure stay None or empty.
+    """
+
     key: str  # ZooModel.key: name, or name@HxW for a resized copy
     name: str
     kind: str

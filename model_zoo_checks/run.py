@@ -46,6 +46,8 @@ from model_zoo_checks.zoo import OPT_IN_KINDS, Kind, ZooModel, all_models, quick
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``python -m model_zoo_checks``; threshold defaults come from
+    ``baseline.Thresholds``."""
     p = argparse.ArgumentParser(
         prog="python -m model_zoo_checks",
         description="Run fxmobile over torchvision's model zoo and compare with the baseline.",
@@ -239,6 +241,13 @@ def shard_of(entries: Sequence[ZooModel], index: int, count: int) -> list[ZooMod
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The zoo run (``argv`` defaults to ``sys.argv[1:]``; ``merge ...`` goes to
+    ``model_zoo_checks.merge``); returns the exit status.
+
+    0 clean (or ``--list``, ``--no-compare``, ``--update-baseline``), 1 a confirmed regression,
+    2 bad arguments: an unknown model, an empty selection, a reference runtime not installed,
+    ``--resume`` without ``--out``.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["merge"]:
         from model_zoo_checks.merge import main as merge_main

@@ -40,6 +40,9 @@ MAX_ROUNDS = 100
 
 @dataclass(frozen=True)
 class RunOptions:
+    """How the zoo run checks each model, as the command line set it; ``to_json`` and
+    ``from_json`` carry it to a guarded child (``model_zoo_checks.worker``)."""
+
     backends: tuple[Backend, ...] = (Backend.CPU,)
     rounds: int = 3  # timed rounds per model at least (0: no latency)
     min_time: float = 1.0  # seconds of timed rounds a fast model gets (see _rounds)
@@ -81,12 +84,17 @@ def check_model(entry: ZooModel, options: RunOptions) -> list[ModelResult]:
 
 
 def will_run(entry: ZooModel, options: RunOptions) -> bool:
+    """Whether ``check_model`` would check ``entry`` rather than record it unsupported or
+    skipped (the progress bar counts only these)."""
     if entry.unsupported and not options.include_unsupported:
         return False
     return not (entry.giant and options.skip_giants)
 
 
 def check_in_child(entry: ZooModel, options: RunOptions) -> list[ModelResult]:
+    """``check_here`` in a ``model_zoo_checks.worker`` child under the memory guard and
+    timeout of ``options``; a child killed or dead without a result gives an error result per
+    backend, with the seconds it ran."""
     cmd = [sys.executable, "-m", "model_zoo_checks.worker", entry.key, options.to_json()]
     start = time.perf_counter()
     try:
@@ -100,6 +108,12 @@ def check_in_child(entry: ZooModel, options: RunOptions) -> list[ModelResult]:
 
 
 def check_here(entry: ZooModel, options: RunOptions) -> list[ModelResult]:
+    """Build ``entry`` in this process and check it on each backend of ``options``: one result
+    per backend, in order; a model that fails to build gives an error result per backend.
+
+    Sets torch's thread count to ``options.threads`` for the process (and leaves it so). Each
+    result's ``seconds`` is that backend's wall time; the first backend's includes the build.
+    """
     torch.set_num_threads(options.threads)
     start = time.perf_counter()
     results = []

@@ -13,6 +13,8 @@ from model_zoo_checks.zoo import all_models, quick_models
 
 
 def main(argv: list[str]) -> None:
+    """Check the model keyed ``argv[0]`` (any kind, quick subset included) with the
+    ``RunOptions`` JSON ``argv[1]`` and print its results; an unknown key exits with a message."""
     key, options = argv[0], RunOptions.from_json(argv[1])
     by_key = {m.key: m for m in (*all_models(), *quick_models())}
     if key not in by_key:

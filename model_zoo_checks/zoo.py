@@ -36,6 +36,8 @@ QUANTIZED_TOLERANCE = 1e-2
 
 
 class Kind(enum.StrEnum):
+    """Which part of the catalogue a model comes from, and so how it is built and fed."""
+
     CLASSIFICATION = "classification"
     SEGMENTATION = "segmentation"
     VIDEO = "video"
@@ -59,6 +61,12 @@ class Route(enum.StrEnum):
 
 @dataclasses.dataclass(frozen=True)
 class ZooModel:
+    """One catalogue entry: a model to build with random weights and the input to check it on.
+
+    ``key`` identifies it (resized copies included); ``build_randomized`` and ``example_inputs``
+    give the model and inputs a check uses, both seeded.
+    """
+
     name: str  # torchvision's builder name (detection cores: the detector's name + "_core")
     kind: Kind
     input_shape: tuple[int, ...]
@@ -132,6 +140,7 @@ _INPUT = {"inception_v3": (1, 3, 299, 299)}
 
 
 def classification_models() -> list[ZooModel]:
+    """Every classification builder torchvision lists, at 1x3x224x224 (inception_v3: 299)."""
     import torchvision
 
     names = torchvision.models.list_models(module=torchvision.models)
@@ -139,6 +148,7 @@ def classification_models() -> list[ZooModel]:
 
 
 def segmentation_models() -> list[ZooModel]:
+    """Every torchvision segmentation model, at 1x3x224x224, on the FX route."""
     import torchvision
 
     names = torchvision.models.list_models(module=torchvision.models.segmentation)
@@ -159,6 +169,8 @@ _VIDEO_SCRIPTED = frozenset({"swin3d_t", "swin3d_s", "swin3d_b"})
 
 
 def video_models() -> list[ZooModel]:
+    """Every torchvision video model, at 8 frames of 112x112 unless it needs more; the Swin3D
+    models take the script route (see ``_VIDEO_SCRIPTED``)."""
     import torchvision
 
     names = torchvision.models.list_models(module=torchvision.models.video)
@@ -202,6 +214,9 @@ def detection_models() -> list[ZooModel]:
 
 
 def all_models() -> list[ZooModel]:
+    """The whole catalogue, every kind, in the order a run goes through it. Listing the timm
+    entries imports timm (their input sizes come from its configs); the ecosystems are not
+    imported."""
     from model_zoo_checks.ecosystem import ecosystem_models
     from model_zoo_checks.timm_models import timm_models
 
@@ -228,9 +243,13 @@ _QUICK = (
 
 
 def quick_models() -> list[ZooModel]:
+    """The quick subset (``--quick``): five small models resized to small inputs, keyed by name
+    and the resized dims (``resnet18@64x64``, ``r3d_18@4x32x32``). Lists the whole catalogue
+    first, so it needs timm too."""
     by_name = {m.name: m for m in all_models()}
     return [by_name[name].resized(shape) for name, shape in _QUICK]
 
 
 def has_batchnorm(model: nn.Module) -> bool:
+    """Whether any submodule of ``model`` (itself included) is a BatchNorm of any rank."""
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())

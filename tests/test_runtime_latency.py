@@ -16,7 +16,7 @@ import torch.jit.mobile
 import fxmobile
 from fxmobile.errors import InvalidValueError
 from fxmobile.runtime import RuntimeProcess
-from fxmobile.runtime.latency import Here, OnRuntime, compare_latency, latency_table
+from fxmobile.runtime.latency import Candidate, Here, OnRuntime, compare_latency, latency_table
 from fxmobile.runtime.samples import sample_file
 
 Runtime = Callable[[str], RuntimeProcess]
@@ -62,7 +62,12 @@ def test_order_is_shuffled_each_round() -> None:
 
 def test_here_counts_its_calls() -> None:
     calls: list[int] = []
-    candidate = Here(lambda x: calls.append(1) or x, [torch.ones(1)], "ATen")
+
+    def identity(x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return x
+
+    candidate = Here(identity, [torch.ones(1)], "ATen")
     found = compare_latency({"here": candidate}, rounds=3, calls=2, warmup=1)
     assert len(calls) == 1 + 3 * 2
     assert found["here"].timing.runs == 6
@@ -99,7 +104,7 @@ def test_candidates_in_three_processes_interleave(runtime: Runtime) -> None:
     module = torch.jit.mobile._load_for_lite_interpreter(io.BytesIO(data))
     here = Here(module, inputs, "fxmobile._C")
     loaded = {v: runtime(v).load(data) for v in ("1.13.1", "2.12.1")}
-    candidates = {
+    candidates: dict[str, Candidate] = {
         "here": here,
         **{f"on {v}": OnRuntime(f, inputs) for v, f in loaded.items()},
     }

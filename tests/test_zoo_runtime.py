@@ -24,7 +24,7 @@ from model_zoo_checks.output import render_problems, render_table, runtime_count
 from model_zoo_checks.results import ModelResult, RuntimeRecord, Status
 from model_zoo_checks.run import main, shard_of
 from model_zoo_checks.runner import RunOptions, _verdict, check_model
-from model_zoo_checks.zoo import ZooModel, all_models, quick_models
+from model_zoo_checks.zoo import Kind, ZooModel, all_models, quick_models
 
 NAN = float("nan")
 
@@ -178,7 +178,7 @@ def test_the_table_names_runtime_and_kernels_and_counts_loads() -> None:
 
 
 def entry(name: str = "net") -> ZooModel:
-    return ZooModel(name, "classification", (1, 3, 8, 8))
+    return ZooModel(name, Kind.CLASSIFICATION, (1, 3, 8, 8))
 
 
 class Retimer:
@@ -307,10 +307,12 @@ def test_a_zoo_model_loads_matches_and_is_timed_on_both_runtimes(tmp_path: Path)
     (found,) = check_model(model, options)
     assert found.passed, found.error
     assert set(found.runtimes) == {"1.13.1", "2.12.1"}
+    tolerance = found.tolerance
+    assert tolerance is not None
     for version, record in found.runtimes.items():
         assert record.loads and record.passed, (version, record.error)
         assert record.kernels == "XNNPACK"
-        assert record.relative_error is not None and record.relative_error <= found.tolerance
+        assert record.relative_error is not None and record.relative_error <= tolerance
     assert found.runtimes["2.12.1"].upstream_relative_error is not None
     assert set(found.runtime_ms) == {"eager", "fxmobile", "upstream"}
     assert all(ms > 0 for ms in found.runtime_ms.values())
