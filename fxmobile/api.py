@@ -32,6 +32,7 @@ from fxmobile.backends.library import ensure_registered
 from fxmobile.backends.registry import backend_spec
 from fxmobile.capture import admit, capture
 from fxmobile.capture.checks import check_tensors, deep_copy, eager_arguments, has_forward
+from fxmobile.capture.hooks import fallback_hook_records
 from fxmobile.errors import CaptureError, RefusedError, ScriptingError
 from fxmobile.infra import Observer, PassManager
 from fxmobile.options import (
@@ -349,6 +350,7 @@ def _fallback(
     """
     fallback = fallback_to_torchscript(module, options.example_inputs)
     report = Report(model_name=type(module).__name__, route=fallback.route)
+    report.hooks = fallback_hook_records(module, fallback.route)
     report.declined = [f"torch.fx: {declined}", *fallback.declined]
     report.notes.extend(fallback.notes)
     expected = None

@@ -51,6 +51,8 @@ from fxmobile.report.records import HookRecord
 TRACED = "traced into the graph"
 KEPT = "kept: the module is called with its hooks, and no rewrite crosses it"
 NO_EFFECT = "no effect: backward hooks do not run under torch.no_grad"
+RUN_BY_TRACE = "run by torch.jit.trace on the example inputs: its tensor work is in the graph"
+COMPILED = "compiled with its module by torch.jit.script"
 
 
 def hook_kinds(module: nn.Module) -> Iterator[tuple[str, Callable[..., Any]]]:
@@ -114,6 +116,25 @@ def plan_hooks(model: nn.Module) -> HookPlan:
         action = f"{KEPT} ({_name(hook)}: {reason})"
         plan.records += [HookRecord(path, kind, _name(h), action) for kind, h in hooks]
     return plan
+
+
+def fallback_hook_records(model: nn.Module, route: str) -> list[HookRecord]:
+    """What a TorchScript fallback route (``torch.jit.trace`` or ``torch.jit.script``) did with
+    every hook of ``model``: tracing ran each (its work on tensors is recorded; anything else it
+    did, it did once, at trace time), scripting compiled each with its module."""
+    records = []
+    for path, module in model.named_modules():
+        backward = [*module._backward_hooks.values(), *module._backward_pre_hooks.values()]
+        records += [HookRecord(path, "backward hook", _name(h), NO_EFFECT) for h in backward]
+        for kind, hook in hook_kinds(module):
+            action = COMPILED
+            if route == "torch.jit.trace":
+                impure = why_not_traceable(hook)
+                action = RUN_BY_TRACE
+                if impure is not None:
+                    action += f"; anything else it does ({impure}) happened once, at trace time"
+            records.append(HookRecord(path, kind, _name(hook), action))
+    return records
 
 
 def run_pre_hooks(

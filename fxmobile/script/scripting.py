@@ -92,12 +92,86 @@ def to_torchscript(
                 f"{exc}\nFix: pass example_inputs so fxmobile can trace it instead, or mark the "
                 f"submodule named above as a leaf and make it scriptable."
             ) from exc
+    partly = _script_with_traced_hooked_leaves(gm, example_inputs)
+    if partly is not None:
+        scripted, names = partly
+        return scripted, (
+            f"scripting failed ({first}); the hooked module{'s' if len(names) > 1 else ''} "
+            f"{', '.join(names)} traced with the example inputs (the hooks run at trace time), "
+            f"the rest scripted"
+        )
     traced, _ = _trace(gm, example_inputs)
     note = (
         f"scripting failed ({first}); traced with the example inputs instead, so control "
         f"flow is fixed to the path those inputs took"
     )
     return traced, note
+
+
+def _hooked(module: nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks)
+
+
+def _script_with_traced_hooked_leaves(
+    gm: fx.GraphModule, example_inputs: tuple[Any, ...]
+) -> tuple[torch.jit.ScriptModule, list[str]] | None:
+    """``gm`` scripted with each hooked module it calls (capture keeps those as calls through
+    ``__call__``) traced on its own, hooks included; None when that does not script.
+
+    A hook TorchScript cannot compile (a recorder object) is what usually stops scripting, and
+    tracing the whole module would record only the tensor ops it sees: a write through ``.data``,
+    for one, is not among them. Each hooked module is traced with the arguments it got on a run
+    of ``gm`` on the example inputs; a module called more than once, or with keyword arguments,
+    is not (the whole module is traced instead)."""
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_module"]
+    hooked = [t for t in dict.fromkeys(targets) if _hooked(gm.get_submodule(t))]
+    if not hooked or any(targets.count(t) > 1 for t in hooked):
+        return None
+    calls: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+    handles = []
+    for target in hooked:
+
+        def record(
+            module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], target: str = target
+        ) -> None:
+            calls[target] = (clone_inputs(args), kwargs)
+
+        module = gm.get_submodule(target)
+        handles.append(module.register_forward_pre_hook(record, prepend=True, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            gm(*clone_inputs(example_inputs))
+    except Exception:
+        return None
+    finally:
+        for handle in handles:
+            handle.remove()
+    if set(calls) != set(hooked) or any(kwargs for _, kwargs in calls.values()):
+        return None
+    partly = copy.copy(gm)
+    partly._modules = dict(gm._modules)
+    try:
+        for target in hooked:
+            traced, warned = _trace(gm.get_submodule(target), calls[target][0])
+            if any(s in w for w in warned for s in _DATA_DEPENDENT):
+                return None
+            _set_submodule(partly, target, traced)
+        return quietly_script(partly), hooked
+    except Exception:
+        return None
+
+
+def _set_submodule(root: nn.Module, target: str, module: nn.Module) -> None:
+    """``root``'s submodule at ``target`` replaced by ``module``, copying each parent on the
+    path so the module ``root`` was copied from keeps its own."""
+    *parents, leaf = target.split(".")
+    owner = root
+    for name in parents:
+        child = copy.copy(owner.get_submodule(name))
+        child._modules = dict(child._modules)
+        owner._modules[name] = child
+        owner = child
+    owner._modules[leaf] = module
 
 
 # What torch's tracer says when a trace records a value the example inputs decided: a branch on
@@ -170,6 +244,7 @@ def _trace(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[torch.jit.ScriptM
                 f"either. Fix: return a tuple, dict or NamedTuple of tensors from forward."
             )
     regroup = _has_namedtuple(outputs)
+    _second_names_as_attributes(model)
     traced_module = _Flatten(model) if regroup else model
     with warnings.catch_warnings(record=True) as caught, torch.no_grad():
         warnings.simplefilter("always", torch.jit.TracerWarning)
@@ -188,6 +263,24 @@ def _trace(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[torch.jit.ScriptM
     if regroup:
         traced = _regroup(traced, len(inputs), leaves, spec, name)
     return traced, list(dict.fromkeys(found))
+
+
+def _second_names_as_attributes(model: nn.Module) -> None:
+    """On fxmobile's copy: a tensor a module registers under two names (tied weights, an alias
+    kept for old checkpoints) stays registered under its first; the other names become plain
+    attributes holding the same tensor. torch.jit.trace refuses a module whose parameters and
+    buffers are not distinct ("TracedModules don't support parameter sharing between modules");
+    traced, the attribute is read as a constant, which is what freezing makes every weight."""
+    for module in model.modules():
+        seen: set[int] = set()
+        for store in (module._parameters, module._buffers):
+            for name, tensor in list(store.items()):
+                if tensor is None:
+                    continue
+                if id(tensor) in seen:
+                    del store[name]
+                    module.__dict__[name] = tensor
+                seen.add(id(tensor))
 
 
 def _has_namedtuple(value: Any) -> bool:

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tests.fuzz.spec import Kind, ModelSpec
+from tests.fuzz.spec import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -34,32 +34,8 @@ class OpenFinding:
 
 
 ALL_STAGES = ("fx", "fx-channels-last", "script-cpu")
-# F2-F9 are fixed, each guarded by its test_regression_* (F1 is a note).
-OPEN: tuple[OpenFinding, ...] = (
-    OpenFinding(
-        "F10",
-        ("script-cpu",),
-        lambda spec: _has_hooks(spec) and any(b.kind is Kind.CACHE for b in spec.blocks),
-        r"^AssertionError: hooked modules traced \(True\) or kept \(False\): the report says "
-        r"\{\}",
-    ),
-    OpenFinding(
-        "F11",
-        ("script-cpu",),
-        lambda spec: (
-            any(b.kind is Kind.CACHE for b in spec.blocks)
-            and any(b.options.get("alias") for b in spec.blocks)
-        ),
-        r"^AssertionError: fxmobile refused .*ScriptingError: torch\.jit\.trace could not trace "
-        r".*TracedModules don't support parameter sharing between modules",
-    ),
-)
-
-
-def _has_hooks(spec: ModelSpec) -> bool:
-    """Hooks on the model or its layers (a cache's state change sends the model to capture's
-    TorchScript fallback, whose report lists no hooks: F10)."""
-    return bool(spec.root_hooks) or any(b.hooks for b in spec.blocks)
+# F2-F11 are fixed, each guarded by its test_regression_* (F1 is a note).
+OPEN: tuple[OpenFinding, ...] = ()
 
 
 def open_finding(stage: str, spec: ModelSpec, failure: BaseException) -> OpenFinding | None:
