@@ -27,7 +27,7 @@ TOLERANCE = 1e-4  # max abs error relative to max |eager output|
 class FxCheck:
     """One model through ``fxmobile.optimize_fx``, as plain data (the child prints it as JSON).
 
-    ``relative_error`` is the largest over the outputs (0.0 if the report holds no numerics),
+    ``relative_error`` is the largest over the outputs (a report without numerics raises),
     ``batchnorm_left`` the BatchNorm modules still called in the graph, ``original_unchanged``
     whether the model's state (values, dtypes, strides) and training flags are exactly as before,
     ``seconds`` the wall time of ``optimize_fx``, ``rewrites`` the report's rewrite count.
@@ -72,6 +72,8 @@ def check_fx(entry: ZooModel) -> FxCheck:
         and flags == [m.training for m in model.modules()]
     )
     numerics = result.report.numerics or []
+    if not numerics:  # example inputs were given: a check that did not run must not read as 0
+        raise RuntimeError(f"{entry.name}: optimize_fx ran no numerical check")
     gm = result.graph_module
     bn_left = sum(
         1

@@ -112,8 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out is None and not args.child:
         parser.error("--out DIR is required: where the results go (not the repo)")
     if args.child:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-        torch.set_num_threads(1)
+        torch.set_num_threads(1)  # the parent set OMP_NUM_THREADS=1 before this process began
         print(json.dumps(probe(_by_key()[args.child], args.routes)))
         return 0
     path = args.out / "inventory.json"

@@ -248,8 +248,3 @@ def quick_models() -> list[ZooModel]:
     first, so it needs timm too."""
     by_name = {m.name: m for m in all_models()}
     return [by_name[name].resized(shape) for name, shape in _QUICK]
-
-
-def has_batchnorm(model: nn.Module) -> bool:
-    """Whether any submodule of ``model`` (itself included) is a BatchNorm of any rank."""
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
