@@ -71,3 +71,78 @@ def test_the_watch_lists_or_refuses_registrations_and_restores_torch() -> None:
     with pytest.raises(HookRegistrationError), watch_hook_registration():
         layer.register_forward_pre_hook(lambda m, i: None)
     assert nn.Module.register_forward_hook is original and not layer._forward_pre_hooks
+
+
+# The same pattern once the hooks are installed (SegFormer after its first call): the hooked
+# module is kept as a call through __call__, its hook runs only when the graph runs, and the
+# forward's read of the collection happened at trace time.
+_SEEN: list[torch.Tensor] = []
+
+
+def _collect(module: nn.Module, args: object, output: torch.Tensor) -> None:
+    _SEEN.append(output)
+
+
+class Head(nn.Module):
+    def forward(self, y: torch.Tensor, features: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return y + features[-1]
+
+
+class ReadsWhatAnInstalledHookCollects(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(3, 3)
+        self.second = nn.Linear(3, 3)
+        self.head = Head()
+        self.first.register_forward_hook(_collect)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _SEEN.clear()
+        y = self.second(self.first(x))
+        return self.head(y, tuple(_SEEN))
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.seen: list[torch.Tensor] = []
+
+    def __call__(self, module: nn.Module, args: object, output: torch.Tensor) -> None:
+        self.seen.append(output)
+
+
+class ReadsItsRecorderAttribute(nn.Module):
+    """The recorder is an attribute: at trace time its list held the reference run's tensor,
+    which torch.fx baked in as a constant, right on the example inputs only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(3, 3)
+        self.second = nn.Linear(3, 3)
+        self.sink = Sink()
+        self.first.register_forward_hook(self.sink)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(self.first(x)) + self.sink.seen[-1]
+
+
+@pytest.mark.parametrize(
+    ("build", "refusal"),
+    [
+        (ReadsWhatAnInstalledHookCollects, r"keeps hooked modules \(first\).*graph fails"),
+        (ReadsItsRecorderAttribute, r"attribute 'sink' \(changed in place\)"),
+    ],
+)
+def test_a_forward_reading_what_its_installed_hooks_collect_goes_through_the_trace(
+    build: type[nn.Module], refusal: str
+) -> None:
+    """Before: the first failed in shape propagation (a PassError), the second came back
+    computing first(x) of the example input forever (off by 1.0 on any other input)."""
+    torch.manual_seed(0)
+    model = build().eval()
+    x, other = torch.randn(2, 3), torch.randn(2, 3)
+    with pytest.raises(CaptureError, match=refusal):
+        fxmobile.optimize_fx(model, x)
+    result = fxmobile.optimize(model, example_inputs=x)
+    assert result.report.route == "torch.jit.trace"
+    with torch.no_grad():
+        torch.testing.assert_close(result.module(other), model(other))

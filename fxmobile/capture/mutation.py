@@ -9,7 +9,8 @@ are refused. Three checks, each cheap:
 * tensors: every parameter, buffer and plain tensor attribute is stamped with its identity and
   its version counter (bumped by every in-place op) before tracing, and compared after;
 * plain Python attributes: each submodule's ``vars()`` (minus the slots ``nn.Module`` keeps for
-  itself) are stamped by identity, containers by the identity of their items;
+  itself) are stamped by identity, containers and plain objects by the stamps of what they
+  hold, a few levels down (a recorder kept as an attribute, whose list its hook fills);
 * the graph: an in-place op (``add_``, ``copy_``, ``x[i] = v``, ``inplace=True``, ``out=``)
   whose target is a ``get_attr`` value or a view of one.
 
@@ -19,6 +20,7 @@ line: see ``WriteWatch``.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -54,13 +56,41 @@ def _version(t: torch.Tensor) -> int | None:
         return None
 
 
-def _stamp(value: Any) -> tuple[Any, ...]:
+# How far stamps follow plain objects and containers into what an attribute holds: a hook
+# object kept as an attribute (``self.sink = Recorder()``) whose list fills in forward is two
+# levels down.
+_STAMP_DEPTH = 4
+# Values whose insides are not state of the model: code, types, and modules (stamped on their
+# own by _entries).
+_OPAQUE = (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+           types.ModuleType, nn.Module, torch.dtype, torch.device)  # fmt: skip
+
+
+def _stamp(value: Any, depth: int = 0, seen: frozenset[int] = frozenset()) -> tuple[Any, ...]:
+    """Identity of ``value`` and, for tensors, their version; for containers and plain
+    objects, the stamps of what they hold, to ``_STAMP_DEPTH`` levels (a cycle stops at the
+    identity of the object met again)."""
     if isinstance(value, torch.Tensor):
         return ("tensor", id(value), _version(value))
+    if depth >= _STAMP_DEPTH or id(value) in seen or isinstance(value, _OPAQUE):
+        return ("object", id(value))
+    inner = seen | {id(value)}
     if isinstance(value, list | tuple | set | frozenset):
-        return ("items", id(value), tuple(id(v) for v in value))
+        items = value if not isinstance(value, set | frozenset) else sorted(value, key=id)
+        return ("items", id(value), tuple(_stamp(v, depth + 1, inner) for v in items))
     if isinstance(value, dict):
-        return ("items", id(value), tuple((k, id(v)) for k, v in value.items()))
+        return (
+            "items",
+            id(value),
+            tuple((k, _stamp(v, depth + 1, inner)) for k, v in value.items()),
+        )
+    fields = getattr(value, "__dict__", None)
+    if isinstance(fields, dict):
+        return (
+            "object",
+            id(value),
+            tuple((k, _stamp(v, depth + 1, inner)) for k, v in fields.items()),
+        )
     return ("object", id(value))
 
 

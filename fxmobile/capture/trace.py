@@ -47,7 +47,13 @@ from fxmobile.capture.tracing import ShapedTracer, Traced, TraceFailedError, Tra
 from fxmobile.errors import CaptureError, InvalidValueError, user_frame
 from fxmobile.options import Options
 from fxmobile.report.records import HookRecord
-from fxmobile.verify import check_input_writes, reference_outputs
+from fxmobile.verify import (
+    check_input_writes,
+    clone_inputs,
+    compare_outputs,
+    describe,
+    reference_outputs,
+)
 
 __all__ = ["Capture", "capture"]
 
@@ -142,6 +148,8 @@ def capture(model: nn.Module, options: Options) -> Capture:
     if reference is not None:
         args, _ = eager_arguments(copied, options.example_inputs or (), _specialized(options))
         check_input_writes(gm, name, args, after_reference)
+        if plan.kept:
+            _check_kept_hooks_feed_nothing(gm, name, args, reference, options.tolerance, plan.kept)
     return Capture(
         gm,
         copied,
@@ -153,6 +161,38 @@ def capture(model: nn.Module, options: Options) -> Capture:
         dict(baked),
         "torch.fx" if traced_graph.route == "plain" else "torch.fx (shape-aware)",
         tuple(traced_graph.declined),
+    )
+
+
+def _check_kept_hooks_feed_nothing(
+    gm: fx.GraphModule,
+    name: str,
+    args: tuple[Any, ...],
+    reference: Any,
+    tolerance: float,
+    kept: set[str],
+) -> None:
+    """Run ``gm`` once and compare it with eager's ``reference``: a kept hook runs only when the
+    graph runs, so what it collects for the model's own forward to read (transformers' output
+    recorders once installed) was empty when torch.fx traced that read. CaptureError when the
+    graph fails or differs; a graph without kept hooks is not run here."""
+    try:
+        with torch.no_grad():
+            actual = gm(*clone_inputs(args))
+        bad = [c for c in compare_outputs(reference, actual, tolerance) if not c.passed]
+    except Exception as exc:
+        failure = f"the graph fails on the example inputs ({type(exc).__name__}: {exc})"
+    else:
+        if not bad:
+            return
+        failure = f"the graph's output differs from eager's ({describe(bad[0])})"
+    names = sorted(kept)
+    modules = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    raise CaptureError(
+        f"{name} keeps hooked modules ({modules}) called through __call__, so their hooks run "
+        f"only when the graph runs, and {failure.splitlines()[0]}: the forward reads something "
+        f"those hooks collect, which torch.fx saw empty. Fix: fxmobile.optimize traces it with "
+        f"torch.jit.trace instead (it runs the hooks); optimize_fx cannot capture it"
     )
 
 
