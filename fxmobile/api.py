@@ -385,7 +385,8 @@ def _script_stage(
     scripted.eval()
     preserved_attrs = _check_preserved(scripted, list(options.preserved_methods))
     methods = existing_methods(scripted, ["forward", *options.preserved_methods])
-    ctx = ScriptContext(tuple(methods), tuple(preserved_attrs), options.example_inputs)
+    missing = frozenset(runtime_spec(target_runtime).lacks) if target_runtime else frozenset()
+    ctx = ScriptContext(tuple(methods), tuple(preserved_attrs), options.example_inputs, missing)
     spec = backend_spec(options.backend)
     ensure_registered(spec.op_family)
     blocked = options.blocklist if spec.honours is None else options.blocklist & spec.honours

@@ -150,8 +150,15 @@ def _check_backend(
         blocklist.add(MobileOptimizerType.VULKAN_AUTOMATIC_GPU_TRANSFER)
     try:
         start = time.perf_counter()
+        # one file for every selected runtime: made for the oldest (its operators written out)
+        target = options.runtimes[0] if backend is Backend.CPU and options.runtimes else None
         mobile = fxmobile.optimize(
-            module, blocklist, backend=backend, example_inputs=inputs, tolerance=entry.tolerance
+            module,
+            blocklist,
+            backend=backend,
+            example_inputs=inputs,
+            tolerance=entry.tolerance,
+            target_runtime=target,
         )
         result.optimize_seconds = time.perf_counter() - start
         report = mobile.report

@@ -226,3 +226,41 @@ def test_every_operator_of_an_fxmobile_file_exists_on_both_runtimes(
     operators = {v: runtime(v).operators() for v in RUNTIMES}
     found = file_compatibility(sample[0], operators)
     assert all(v.loads for v in found.verdicts.values()), found.verdicts
+
+
+@pytest.mark.runtime("1.13.1", "2.12.1")
+def test_the_recorded_missing_operators_are_what_the_runtimes_say(runtime: Runtime) -> None:
+    """RuntimeSpec.lacks, measured: each named operator is absent there; the newer runtime has
+    scaled_dot_product_attention, so only 1.13.1 names it."""
+    for version, spec in RUNTIMES.items():
+        operators = runtime(version).operators()
+        assert not [op for op in spec.lacks if op in operators], version
+    assert "aten::scaled_dot_product_attention" in runtime("2.12.1").operators()
+    assert RUNTIMES["1.13.1"].lacks == ("aten::scaled_dot_product_attention",)
+
+
+class Encoder(nn.Module):
+    """nn.MultiheadAttention as torchvision's ViTs call it: scaled_dot_product_attention."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = nn.MultiheadAttention(16, 4, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attention(x, x, x, need_weights=False)[0] + x
+
+
+@pytest.mark.runtime("1.13.1")
+def test_attention_optimized_for_1_13_1_loads_and_runs_there(runtime: Runtime) -> None:
+    import fxmobile
+    from fxmobile.api import lite_file
+
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    x = torch.randn(2, 5, 16)
+    result = fxmobile.optimize(model, example_inputs=x, target_runtime="1.13.1")
+    loaded = runtime("1.13.1").load(lite_file(result.module, "1.13.1"))
+    try:
+        assert_equivalent(model, lambda t: loaded.run(t), x, rel=1e-5)
+    finally:
+        loaded.close()

@@ -181,6 +181,15 @@ def verdict_for(
             f"{spec.max_operator_version}: it would compute the old result, and no backport "
             f"changes that",
         )
+    lacking = sorted(op for op in operators if op in spec.lacks)
+    if lacking:
+        return Verdict(
+            spec.version,
+            False,
+            False,
+            f"{name} lacks {', '.join(lacking)} (newer than it): optimize with "
+            f"target_runtime={spec.version!r} to write it out",
+        )
     if op_version > spec.max_operator_version:
         return Verdict(
             spec.version,

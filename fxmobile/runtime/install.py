@@ -53,6 +53,9 @@ class RuntimeSpec:
     bytecode_range: tuple[int, int]  # the lite interpreter's own range, from its refusal message
     loaded_bytecode: tuple[int, ...]  # versions of real files (backported here) that loaded and ran
     max_operator_version: int  # torch._C._get_max_operator_version() there
+    # operators torch 2.15's graphs use that the runtime does not have (newer than it); the
+    # TorchScript stage writes them out for it, and a file that keeps one is refused for it
+    lacks: tuple[str, ...] = ()
 
     @property
     def folder_name(self) -> str:
@@ -72,6 +75,7 @@ RUNTIMES: dict[str, RuntimeSpec] = {
             bytecode_range=(4, 9),
             loaded_bytecode=(4, 5, 6, 7, 8),
             max_operator_version=10,
+            lacks=("aten::scaled_dot_product_attention",),  # added in torch 2.0
         ),
         RuntimeSpec(
             "2.12.1",

@@ -26,6 +26,8 @@ class ScriptContext:
     methods: tuple[str, ...]  # the methods that are rewritten: forward and the preserved ones
     preserved_attrs: tuple[str, ...]  # what freezing keeps (methods, bundled-input attributes)
     example_inputs: tuple[Any, ...] | None = None
+    # operators the target runtime does not have (its RuntimeSpec.lacks): passes write them out
+    missing_ops: frozenset[str] = frozenset()
 
 
 ScriptPass = Pass[torch.jit.ScriptModule, ScriptContext]

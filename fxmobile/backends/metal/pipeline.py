@@ -18,6 +18,7 @@ from fxmobile.backends.library import OpFamily
 from fxmobile.backends.spec import BackendSpec
 from fxmobile.script.canonicalize import Canonicalize
 from fxmobile.script.canonicalize_convolutions import CanonicalizeConvolutions
+from fxmobile.script.decompose_attention import DecomposeAttention
 from fxmobile.script.decompose_batchnorm import DecomposeBatchNorm
 from fxmobile.script.fold_batchnorm import FoldBatchNorm
 from fxmobile.script.fold_prepacking import FoldPrepacking
@@ -46,6 +47,7 @@ def passes() -> tuple[ScriptPass, ...]:
         Freeze(),
         RemoveDropout(),
         CanonicalizeConvolutions(),
+        DecomposeAttention(),  # only for a target runtime without the fused op
         FuseLinear(),  # upstream runs it inside its linear insertion
         FoldBatchNorm(),
         DecomposeBatchNorm(),

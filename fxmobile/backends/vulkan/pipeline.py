@@ -29,6 +29,7 @@ from fxmobile.backends.vulkan.insert_prepacked_ops import CREATE_KINDS, InsertVu
 from fxmobile.options import MobileOptimizerType
 from fxmobile.script.canonicalize import Canonicalize
 from fxmobile.script.canonicalize_convolutions import CanonicalizeConvolutions
+from fxmobile.script.decompose_attention import DecomposeAttention
 from fxmobile.script.fold_batchnorm import FoldBatchNorm
 from fxmobile.script.fold_prepacking import FoldPrepacking
 from fxmobile.script.freeze import Freeze
@@ -50,6 +51,7 @@ def passes() -> tuple[ScriptPass, ...]:
         Freeze(),
         RemoveDropout(),
         CanonicalizeConvolutions(),
+        DecomposeAttention(),  # only for a target runtime without the fused op
         FuseLinear(),  # upstream runs it inside its linear insertion
         FoldBatchNorm(),  # the rest runs as Vulkan's own batch_norm context
         InsertVulkanOps(),

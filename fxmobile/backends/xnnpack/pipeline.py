@@ -19,6 +19,7 @@ from fxmobile.backends.xnnpack.hoist_conv_packed_params import HoistConvPackedPa
 from fxmobile.options import MobileOptimizerType
 from fxmobile.script.canonicalize import Canonicalize
 from fxmobile.script.canonicalize_convolutions import CanonicalizeConvolutions
+from fxmobile.script.decompose_attention import DecomposeAttention
 from fxmobile.script.decompose_batchnorm import DecomposeBatchNorm
 from fxmobile.script.fold_batchnorm import FoldBatchNorm
 from fxmobile.script.fold_prepacking import FoldPrepacking
@@ -50,6 +51,7 @@ def passes() -> tuple[ScriptPass, ...]:
     return (
         Freeze(),
         CanonicalizeConvolutions(),  # traced graphs' _convolution, string padding
+        DecomposeAttention(),  # only for a target runtime without the fused op
         FuseLinear(),
         FoldBatchNorm(),  # every BatchNorm after a conv or linear, on every route
         DecomposeBatchNorm(),  # and every other one: none reaches the mobile graph
