@@ -1,9 +1,12 @@
 """Dropout removal on the TorchScript graph (for scripted input; eager input loses it in FX).
 
     dropout(x, p, train=False) -> x     (also dropout_, feature_dropout, feature_dropout_)
+    dropout(x, 0.0, train)     -> x     (any train: ATen returns x itself when p is 0)
 
-Only calls whose ``train`` argument is the constant False are removed, as upstream does; a
-dropout whose ``train`` is True or not a constant is left and reported.
+Calls whose ``train`` argument is the constant False are removed in ``forward``, as upstream
+does, and calls whose ``p`` is the constant 0 in every rewritten method (``F.dropout(x, p=0)``
+traced keeps ``train=True``: torch.jit.trace records the default). Any other dropout is left
+and reported.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ class RemoveDropout(CountingScriptPass):
     """
 
     optimization = MobileOptimizerType.REMOVE_DROPOUT
-    summary = "aten::dropout / feature_dropout (train=False) -> x"
+    summary = "aten::dropout / feature_dropout (train=False, or p=0) -> x"
     removed = DROPOUT_KINDS
 
     def rewrite(
@@ -38,7 +41,20 @@ class RemoveDropout(CountingScriptPass):
             jit._jit_pass_remove_dropout(module._c)
         skips = Skips()
         for graph in method_graphs(module, ctx.methods):
-            for node in iter_nodes(graph):
-                if node.kind() in DROPOUT_KINDS:
-                    skips.add(f"{node.kind()} with train not the constant False, or not in forward")
+            for node in list(iter_nodes(graph)):
+                if node.kind() not in DROPOUT_KINDS:
+                    continue
+                if _p_is_zero(node):
+                    node.output().replaceAllUsesWith(node.inputsAt(0))
+                    node.destroy()
+                    continue
+                skips.add(
+                    f"{node.kind()} with p not 0 and train not the constant False, or train "
+                    f"False outside forward"
+                )
         return module, dict(skips)
+
+
+def _p_is_zero(node: torch._C.Node) -> bool:
+    p = node.inputsAt(1)
+    return p.node().kind() == "prim::Constant" and p.toIValue() == 0.0

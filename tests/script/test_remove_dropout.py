@@ -48,6 +48,9 @@ def test_dropout_modules_in_eval_are_removed() -> None:
     assert_equivalent(model, result.unit, torch.randn(2, 3, 4, 4))
 
 
+SKIP = "aten::dropout with p not 0 and train not the constant False, or train False outside forward"
+
+
 class Training(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.dropout(x, 0.5, True) * 0 + x
@@ -62,7 +65,7 @@ class FlagFromInput(nn.Module):
 def test_dropout_that_may_drop_stays_with_its_reason(model: nn.Module) -> None:
     result = RemoveDropout().call(frozen(model), CTX)
     assert result.rewrites == 0
-    assert result.skips == {"aten::dropout with train not the constant False, or not in forward": 1}
+    assert result.skips == {SKIP: 1}
     assert kinds(result.unit)[DROPOUT] == 1
 
 
@@ -81,9 +84,31 @@ def test_dropout_outside_forward_stays_with_its_reason() -> None:
     result = RemoveDropout().call(frozen(model, ("features",)), ctx)
     assert result.rewrites == 1
     assert kinds(result.unit)[DROPOUT] == 0 and kinds(result.unit, "features")[DROPOUT] == 1
-    assert result.skips == {"aten::dropout with train not the constant False, or not in forward": 1}
+    assert result.skips == {SKIP: 1}
     x = torch.randn(4)
     assert_equivalent(model.features, result.unit.features, x)
+
+
+class ZeroP(nn.Module):
+    """``F.dropout(x, p=0)``: train defaults to True, and a trace records it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.dropout(x, 0.0, True)
+        y.add_(1)  # ATen returns x itself when p is 0: the write reaches x, here as in eager
+        return torch.feature_dropout(y, 0.0, True) * 2 + x
+
+
+def test_dropout_with_p_zero_is_removed_whatever_train_says() -> None:
+    """Fuzz finding F13: a traced F.dropout(x, p=0) kept aten::dropout(x, 0., True)."""
+    model = ZeroP().eval()
+    traced = torch.jit.freeze(torch.jit.trace(model, torch.randn(2, 3)))
+    for module in (frozen(model), traced):
+        result = RemoveDropout().call(module, CTX)
+        assert result.rewrites == 2 and result.skips == {}
+        assert not {DROPOUT, "aten::feature_dropout"} & set(kinds(result.unit))
+        x = torch.randn(2, 3)
+        expected = model(x.clone())
+        torch.testing.assert_close(result.unit(x.clone()), expected)
 
 
 def test_a_module_without_forward_is_left_to_its_methods() -> None:
