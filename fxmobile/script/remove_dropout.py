@@ -1,12 +1,13 @@
 """Dropout removal on the TorchScript graph (for scripted input; eager input loses it in FX).
 
-    dropout(x, p, train=False) -> x     (also dropout_, feature_dropout, feature_dropout_)
-    dropout(x, 0.0, train)     -> x     (any train: ATen returns x itself when p is 0)
+    dropout(x, p, train=False) -> x     (dropout, feature_dropout, alpha_dropout,
+    dropout(x, 0.0, train)     -> x      feature_alpha_dropout, and their in-place forms)
 
-Calls whose ``train`` argument is the constant False are removed in ``forward``, as upstream
-does, and calls whose ``p`` is the constant 0 in every rewritten method (``F.dropout(x, p=0)``
-traced keeps ``train=True``: torch.jit.trace records the default). Any other dropout is left
-and reported.
+ATen returns ``x`` itself for all of them when ``train`` is False or ``p`` is 0. Calls whose
+``train`` argument is the constant False are removed in ``forward``, as upstream does (its pass
+knows dropout and feature_dropout; the alpha forms are removed here), and calls whose ``p`` is
+the constant 0 in every rewritten method (``F.dropout(x, p=0)`` traced keeps ``train=True``:
+torch.jit.trace records the default). Any other dropout is left and reported.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from fxmobile.script.jit_passes import jit
 from fxmobile.script.stage import CountingScriptPass, ScriptContext
 
 DROPOUT_KINDS = frozenset(
-    {"aten::dropout", "aten::dropout_", "aten::feature_dropout", "aten::feature_dropout_"}
+    f"aten::{kind}{suffix}"
+    for kind in ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout")
+    for suffix in ("", "_")
 )
 
 
@@ -30,7 +33,7 @@ class RemoveDropout(CountingScriptPass):
     """
 
     optimization = MobileOptimizerType.REMOVE_DROPOUT
-    summary = "aten::dropout / feature_dropout (train=False, or p=0) -> x"
+    summary = "aten::dropout / feature_dropout / alpha forms (train=False, or p=0) -> x"
     removed = DROPOUT_KINDS
 
     def rewrite(
@@ -40,11 +43,12 @@ class RemoveDropout(CountingScriptPass):
         if module._c._has_method("forward"):
             jit._jit_pass_remove_dropout(module._c)
         skips = Skips()
-        for graph in method_graphs(module, ctx.methods):
+        for name, graph in zip(ctx.methods, method_graphs(module, ctx.methods), strict=True):
+            in_forward = name == "forward"
             for node in list(iter_nodes(graph)):
                 if node.kind() not in DROPOUT_KINDS:
                     continue
-                if _p_is_zero(node):
+                if _p_is_zero(node) or (in_forward and _constant(node.inputsAt(2)) is False):
                     node.output().replaceAllUsesWith(node.inputsAt(0))
                     node.destroy()
                     continue
@@ -55,6 +59,10 @@ class RemoveDropout(CountingScriptPass):
         return module, dict(skips)
 
 
+def _constant(value: torch._C.Value) -> object:
+    return value.toIValue() if value.node().kind() == "prim::Constant" else None
+
+
 def _p_is_zero(node: torch._C.Node) -> bool:
-    p = node.inputsAt(1)
-    return p.node().kind() == "prim::Constant" and p.toIValue() == 0.0
+    p = _constant(node.inputsAt(1))
+    return isinstance(p, float | int) and not isinstance(p, bool) and p == 0

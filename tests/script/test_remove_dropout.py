@@ -111,6 +111,22 @@ def test_dropout_with_p_zero_is_removed_whatever_train_says() -> None:
         torch.testing.assert_close(result.unit(x.clone()), expected)
 
 
+class AlphaDropouts(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.alpha_dropout(x, 0.5, False) + F.feature_alpha_dropout(x, 0.5, False)
+        return y + F.alpha_dropout(x, 0.0, True)
+
+
+def test_alpha_dropout_in_eval_or_with_p_zero_is_removed() -> None:
+    """Fuzz finding F13's twin: F.alpha_dropout(x, p=0) stayed (upstream's pass knows dropout
+    and feature_dropout only)."""
+    model = AlphaDropouts().eval()
+    result = RemoveDropout().call(frozen(model), CTX)
+    assert result.rewrites == 3 and result.skips == {}
+    assert not [k for k in kinds(result.unit) if "dropout" in k]
+    assert_equivalent(model, result.unit, torch.randn(2, 3, 4))
+
+
 def test_a_module_without_forward_is_left_to_its_methods() -> None:
     class NoForward(nn.Module):
         @torch.jit.export
