@@ -62,6 +62,25 @@ def detection_input(name: str) -> tuple[int, ...]:
 def build(entry: ZooModel) -> nn.Module:
     """The bare model of ``entry``, random weights, in training mode; nothing downloaded.
 
+    A layer its library initializes to zero (torchvision's ViT heads) gets random weights: an
+    output of zeros would make every numerical check pass whatever the optimized model computes.
+    """
+    return _without_zero_layers(_build(entry))
+
+
+def _without_zero_layers(model: nn.Module) -> nn.Module:
+    layers = (m for m in model.modules() if isinstance(m, nn.Linear | nn.modules.conv._ConvNd))
+    for layer in layers:
+        weight = layer.weight
+        if isinstance(weight, torch.Tensor) and weight.numel() and not weight.detach().any():
+            with torch.no_grad():
+                nn.init.normal_(weight, std=0.02)
+    return model
+
+
+def _build(entry: ZooModel) -> nn.Module:
+    """``build`` before the zero layers are given weights.
+
     timm and ecosystem entries go to their own modules; a torchvision builder gets
     ``weights=None`` (and ``weights_backbone=None``), no auxiliary heads, and quantizable models
     come back unquantized (``build_quantized`` quantizes them). A ``_core`` detection entry is

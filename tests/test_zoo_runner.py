@@ -417,3 +417,16 @@ def test_quick_subset_matches_the_committed_baseline(capsys: pytest.CaptureFixtu
     out = capsys.readouterr().out
     assert code == 0, out
     assert "not in the baseline" not in out, out
+
+
+def test_no_zoo_model_checks_numerics_on_an_output_of_zeros() -> None:
+    """torchvision zero-initializes ViT heads: every output was 0 and every check passed
+    whatever the optimized model computed. The zoo gives such layers random weights."""
+    import torch
+
+    entry = next(m for m in all_models() if m.name == "vit_b_32")
+    model = entry.build_randomized().eval()
+    head = model.get_submodule("heads.head")
+    assert isinstance(head, torch.nn.Linear) and head.weight.detach().any()
+    with torch.no_grad():
+        assert model(*entry.example_inputs()).abs().max() > 0
