@@ -294,11 +294,17 @@ _SCRIPT_UNPACKS = frozenset({"prim::ListUnpack", "prim::TupleUnpack", "prim::Tup
 
 
 def script_op(node: torch._C.Node) -> OpInfo:
-    """What a TorchScript node does, from its own schema (containers' unpacking included)."""
+    """What a TorchScript node does, from its own schema (containers' unpacking included): any
+    registered op's, the prepacked run ops' too (``run(Tensor X, ...) -> Tensor Y``: a fresh
+    result, nothing written), since torch holds every op to its schema; UNKNOWN (may alias, may
+    write) for an op without one."""
     kind = node.kind()
     if kind in _SCRIPT_UNPACKS:
         return OpInfo(kind, view=True, writes=False, random=False)
-    schema = _script_schema(node.schema()) if kind.startswith(("aten::", "prim::")) else None
+    try:
+        schema = _script_schema(node.schema())
+    except RuntimeError:  # an op torch knows no schema for
+        schema = None
     if schema is None:
         return NOTHING if kind.startswith("prim::") else UNKNOWN
     written = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)

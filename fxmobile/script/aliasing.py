@@ -4,13 +4,14 @@ torch's subgraph rewrites (``_jit_pass_fuse_add_relu``, the conv1d -> conv2d tra
 their replacement without looking at aliasing: a fused node can land before an in-place op that
 wrote one of its inputs through a view (``x.unsqueeze(-1).add_(c); relu(x + x)`` became
 ``_add_relu(x, x)`` first, reading ``x`` unwritten: found by the fuzzer). The passes that call
-them check first whether a pattern's inputs share a root with a written tensor. What is a view
-and what writes comes from each node's own schema (``fxmobile.ops.script_op``).
+them check first whether a pattern's inputs share a root with a written tensor. The passes that
+move layouts and buffers (``make_inputs_channels_last``, ``keep_channels_last_shuffle``,
+``use_inplace_ops``) ask the same questions. What is a view and what writes comes from each
+node's own schema (``fxmobile.ops.script_op``: any registered op's, so a prepacked run's result
+is fresh, not a view of its input); an op without one may alias and write.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 
@@ -18,24 +19,20 @@ from fxmobile import ops
 from fxmobile.script.graph_utils import iter_nodes
 
 
-def root(
-    value: torch._C.Value, effects: Callable[[torch._C.Node], ops.OpInfo] = ops.script_op
-) -> torch._C.Value:
-    """The value ``value`` is a view of, following view ops (as ``effects`` tells them) back to
-    their source."""
+def root(value: torch._C.Value) -> torch._C.Value:
+    """The value ``value`` is a view of, following view ops back to their source."""
     while True:
         node = value.node()
-        if not list(node.inputs()) or not effects(node).view:
+        if not list(node.inputs()) or not ops.script_op(node).view:
             return value
         value = node.inputsAt(0)
 
 
 def writers(graph: torch._C.Graph) -> list[torch._C.Node]:
-    """The aten nodes that write one of their tensor inputs (a schema with ``Tensor(a!)``)."""
+    """The nodes that write one of their tensor inputs (a schema with ``Tensor(a!)``, or no
+    schema at all)."""
     return [
-        node
-        for node in iter_nodes(graph)
-        if node.kind().startswith("aten::") and list(node.inputs()) and ops.script_op(node).writes
+        node for node in iter_nodes(graph) if list(node.inputs()) and ops.script_op(node).writes
     ]
 
 

@@ -30,7 +30,7 @@ import torch
 
 from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
-from fxmobile.script.effects import root, written_roots
+from fxmobile.script.aliasing import root, written_roots
 from fxmobile.script.make_inputs_channels_last import (
     CHANNELS_LAST,
     CONTIGUOUS,

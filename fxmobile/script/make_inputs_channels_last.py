@@ -43,9 +43,10 @@ from typing import Any
 
 import torch
 
+from fxmobile import ops
 from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
-from fxmobile.script.effects import effects, root, written_roots
+from fxmobile.script.aliasing import root, written_roots
 from fxmobile.script.stage import ScriptContext, ScriptPass
 from fxmobile.verify import compare_outputs
 
@@ -191,7 +192,7 @@ def _why_not_op(node: torch._C.Node, written: set[torch._C.Value]) -> str | None
         return f"{kind} of a tensor written in place: a copy, not a view, once channels-last"
     if kind in PASS_THROUGH or kind in CONVOLUTIONS or kind == "prim::Constant":
         return None
-    if kind.startswith("prim::") or effects(node).name is None:
+    if kind.startswith("prim::") or ops.script_op(node).name is None:
         return f"a converted value reaches {kind}, which fxmobile cannot check"
     return None
 

@@ -32,9 +32,9 @@ from typing import Any, NamedTuple
 
 import torch
 
+from fxmobile import ops
 from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
-from fxmobile.script.effects import effects
 from fxmobile.script.graph_utils import method_graphs
 from fxmobile.script.probe import probe
 from fxmobile.script.stage import ScriptContext, ScriptPass
@@ -143,12 +143,12 @@ def _writable(node: torch._C.Node, value: torch._C.Value) -> bool:
     if not isinstance(value.type(), torch._C.TensorType):
         return False
     chain = [value]  # the tensor under each name an in-place op gave it
-    while effects(chain[-1].node()).writes and chain[-1].node().kind().startswith("aten::"):
+    while ops.script_op(chain[-1].node()).writes and chain[-1].node().kind().startswith("aten::"):
         chain.append(chain[-1].node().inputsAt(0))
     producer = chain[-1].node()
     if producer.kind() in ("prim::Param", "prim::Constant", "prim::GetAttr"):
         return False
-    info = effects(producer)
+    info = ops.script_op(producer)
     if info.name is None or info.view or info.writes or list(producer.blocks()):
         return False
     block = node.owningBlock()
@@ -160,7 +160,7 @@ def _writable(node: torch._C.Node, value: torch._C.Value) -> bool:
             user = use.user
             if user == node or user in renames:
                 continue
-            if user.owningBlock() != block or not user.isBefore(node) or effects(user).view:
+            if user.owningBlock() != block or not user.isBefore(node) or ops.script_op(user).view:
                 return False
     return True
 
