@@ -13,7 +13,7 @@ from torch import nn
 
 import fxmobile
 from fxmobile.backends.xnnpack.fuse_add_relu import ALIASED, MIXED_DTYPES, READ_ELSEWHERE
-from fxmobile.errors import ScriptingError
+from fxmobile.errors import RefusedError, ScriptingError
 from fxmobile.report.records import Stage as RecordStage
 from tests.fuzz.check import Stage, check_model
 from tests.fuzz.hooks import Recorder
@@ -691,3 +691,29 @@ def test_a_nested_hooked_leaf_is_traced_alone_and_the_graph_module_keeps_its_own
     assert_acts_like_eager(model, result.module, x)
     assert any("hooked module 0.0 traced" in note for note in result.report.notes)
     assert type(model.get_submodule("0.0")) is nn.Conv1d
+
+
+class CachesWithARecorderOnItself(nn.Module):
+    """A recorder on the model itself and a cache filled in forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+        self.cache: dict[str, torch.Tensor] = {}
+        self.register_forward_pre_hook(Recorder("root"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if "bias" not in self.cache:
+            self.cache["bias"] = torch.ones(2)
+        return self.fc(x) + self.cache["bias"]
+
+
+def test_regression_a_root_hook_no_route_keeps_is_refused_on_every_route() -> None:
+    """F15 (long profile, script-cpu): the cache sent the model to torch.jit.trace before the
+    root recorder was looked at, and the trace ran it once, at trace time; the README refuses
+    such a hook, and now every route does."""
+    model = CachesWithARecorderOnItself().eval()
+    with pytest.raises(RefusedError, match="forward pre-hook on itself"):
+        fxmobile.optimize(model, example_inputs=torch.randn(2, 2))
+    with pytest.raises(RefusedError, match="forward pre-hook on itself"):
+        fxmobile.optimize_fx(model, torch.randn(2, 2))

@@ -107,11 +107,7 @@ def plan_hooks(model: nn.Module) -> HookPlan:
             continue
         kind, hook, reason = refused[0]
         if not path:
-            raise RefusedError(
-                f"{type(model).__name__} has a {kind} on itself ({_name(hook)}) that fxmobile "
-                f"cannot trace into the graph: {reason}. Fix: register it on a submodule, where "
-                f"fxmobile keeps the hooked call, or remove it while optimizing."
-            )
+            _refuse_root_hook(model, kind, hook, reason)
         plan.kept.add(path)
         action = f"{KEPT} ({_name(hook)}: {reason})"
         plan.records += [HookRecord(path, kind, _name(h), action) for kind, h in hooks]
@@ -135,6 +131,24 @@ def fallback_hook_records(model: nn.Module, route: str) -> list[HookRecord]:
                     action += f"; anything else it does ({impure}) happened once, at trace time"
             records.append(HookRecord(path, kind, _name(hook), action))
     return records
+
+
+def refuse_untraceable_root_hooks(model: nn.Module) -> None:
+    """Raise when a hook on ``model`` itself is not one fxmobile can trace into the graph. Checked
+    before any route is tried: no route keeps such a hook (a model is not a call of itself, and
+    torch.jit.trace would run it once, at trace time), so the fallback routes refuse it too."""
+    for kind, hook in hook_kinds(model):
+        reason = why_not_traceable(hook)
+        if reason is not None:
+            _refuse_root_hook(model, kind, hook, reason)
+
+
+def _refuse_root_hook(model: nn.Module, kind: str, hook: Any, reason: str) -> None:
+    raise RefusedError(
+        f"{type(model).__name__} has a {kind} on itself ({_name(hook)}) that fxmobile "
+        f"cannot trace into the graph: {reason}. Fix: register it on a submodule, where "
+        f"fxmobile keeps the hooked call, or remove it while optimizing."
+    )
 
 
 def run_pre_hooks(

@@ -31,7 +31,12 @@ from fxmobile.capture.checks import (
     training_submodules,
 )
 from fxmobile.capture.hook_watch import watch_hook_registration
-from fxmobile.capture.hooks import plan_hooks, refuse_global_hooks, without_hooks
+from fxmobile.capture.hooks import (
+    plan_hooks,
+    refuse_global_hooks,
+    refuse_untraceable_root_hooks,
+    without_hooks,
+)
 from fxmobile.capture.mutation import (
     GraphWrite,
     StateChange,
@@ -90,6 +95,7 @@ def capture(model: nn.Module, options: Options) -> Capture:
     (``fxmobile.capture.hooks``): the check then compares against the model as the user has it.
     """
     refuse_global_hooks()
+    refuse_untraceable_root_hooks(model)
     notes: list[str] = []
     leaf_types, leaf_paths = resolve_leaves(model, options.leaf_modules)
     concrete_args = dict(options.concrete_args) if options.concrete_args else None
