@@ -4,10 +4,11 @@
     dropout(x, 0.0, train)     -> x      feature_alpha_dropout, and their in-place forms)
 
 ATen returns ``x`` itself for all of them when ``train`` is False or ``p`` is 0. Calls whose
-``train`` argument is the constant False are removed in ``forward``, as upstream does (its pass
-knows dropout and feature_dropout; the alpha forms are removed here), and calls whose ``p`` is
-the constant 0 in every rewritten method (``F.dropout(x, p=0)`` traced keeps ``train=True``:
-torch.jit.trace records the default). Any other dropout is left and reported.
+``train`` argument is the constant False are removed in ``forward``, as upstream's
+``_jit_pass_remove_dropout`` does for dropout and feature_dropout (the alpha forms too here),
+and calls whose ``p`` is the constant 0 in every rewritten method (``F.dropout(x, p=0)``
+traced keeps ``train=True``: torch.jit.trace records the default). Any other dropout is left
+and reported.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import torch
 from fxmobile.infra import Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.script.graph_utils import iter_nodes, method_graphs
-from fxmobile.script.jit_passes import jit
 from fxmobile.script.stage import CountingScriptPass, ScriptContext
 
 DROPOUT_KINDS = frozenset(
@@ -39,16 +39,15 @@ class RemoveDropout(CountingScriptPass):
     def rewrite(
         self, module: torch.jit.ScriptModule, ctx: ScriptContext
     ) -> tuple[torch.jit.ScriptModule, dict[str, int]]:
-        """torch's pass, which reads ``forward`` only; what is left is reported."""
-        if module._c._has_method("forward"):
-            jit._jit_pass_remove_dropout(module._c)
+        """Every removable call in every rewritten method; what is left is reported."""
         skips = Skips()
         for name, graph in zip(ctx.methods, method_graphs(module, ctx.methods), strict=True):
             in_forward = name == "forward"
             for node in list(iter_nodes(graph)):
                 if node.kind() not in DROPOUT_KINDS:
                     continue
-                if _p_is_zero(node) or (in_forward and _constant(node.inputsAt(2)) is False):
+                # toIValue: the value of a constant, None for anything else
+                if _p_is_zero(node) or (in_forward and node.inputsAt(2).toIValue() is False):
                     node.output().replaceAllUsesWith(node.inputsAt(0))
                     node.destroy()
                     continue
@@ -59,10 +58,6 @@ class RemoveDropout(CountingScriptPass):
         return module, dict(skips)
 
 
-def _constant(value: torch._C.Value) -> object:
-    return value.toIValue() if value.node().kind() == "prim::Constant" else None
-
-
 def _p_is_zero(node: torch._C.Node) -> bool:
-    p = _constant(node.inputsAt(1))
+    p = node.inputsAt(1).toIValue()
     return isinstance(p, float | int) and not isinstance(p, bool) and p == 0
