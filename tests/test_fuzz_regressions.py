@@ -717,3 +717,33 @@ def test_regression_a_root_hook_no_route_keeps_is_refused_on_every_route() -> No
         fxmobile.optimize(model, example_inputs=torch.randn(2, 2))
     with pytest.raises(RefusedError, match="forward pre-hook on itself"):
         fxmobile.optimize_fx(model, torch.randn(2, 2))
+
+
+class CachesAfterAConvDropoutRelu(nn.Module):
+    """conv -> Dropout(p=0) -> relu, and a cache that sends optimize to torch.jit.trace (the
+    FX stage, which removes the dropout first, never sees it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 1)
+        self.drop = nn.Dropout(0.0)
+        self.cache: dict[str, torch.Tensor] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if "scale" not in self.cache:
+            self.cache["scale"] = torch.full((1,), 2.0)
+        return torch.relu(self.drop(self.conv(x))) * self.cache["scale"]
+
+
+def test_regression_a_dropout_between_a_conv_and_its_clamp_does_not_stop_the_fusion() -> None:
+    """F16 (long profile, script-cpu, 8,049 models in): the TorchScript remove_dropout ran after
+    fuse_clamp, as upstream orders them, so the relu stayed unfused."""
+    torch.manual_seed(0)
+    model = CachesAfterAConvDropoutRelu().eval()
+    x = torch.randn(1, 2, 4, 4)
+    result = fxmobile.optimize(model, example_inputs=x)
+    assert result.report.route == "torch.jit.trace"
+    kinds = [n.kind() for n in result.module.graph.nodes()]
+    assert "prepacked::conv2d_clamp_run" in kinds
+    assert not {"aten::relu", "aten::relu_", "aten::dropout"} & set(kinds)
+    assert_acts_like_eager(model, result.module, x)

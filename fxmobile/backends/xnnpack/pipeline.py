@@ -52,6 +52,9 @@ def passes() -> tuple[ScriptPass, ...]:
         Freeze(),
         CanonicalizeConvolutions(),  # traced graphs' _convolution, string padding
         DecomposeAttention(),  # only for a target runtime without the fused op
+        # before the clamp fusion, which cannot see through a dropout (upstream removes it
+        # after, so a traced conv -> dropout(p=0) -> relu kept its relu unfused)
+        RemoveDropout(),
         FuseLinear(),
         FoldBatchNorm(),  # every BatchNorm after a conv or linear, on every route
         DecomposeBatchNorm(),  # and every other one: none reaches the mobile graph
@@ -62,7 +65,6 @@ def passes() -> tuple[ScriptPass, ...]:
         FoldPrepacking(insert.prepack_kinds, prepack),
         HoistConvPackedParams(),
         Canonicalize(),
-        RemoveDropout(),
         FuseAddRelu(),
         # the FX stage's layout, for the routes that skip it (ScriptModule input, fallbacks)
         MakeInputsChannelsLast(),
