@@ -79,6 +79,52 @@ def test_masked_causal_and_dropout_attention_are_left_with_the_reason(
     assert any(key.startswith(reason) for key in result.skips), result.skips
 
 
+class Grouped(nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+class ScaleFromInput(nn.Module):
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, scale=scale)
+
+
+@pytest.mark.parametrize(
+    ("model", "reason"),
+    [
+        (Grouped(), "attention with grouped query heads"),
+        (ScaleFromInput(), "attention whose scale is not a constant"),
+    ],
+)
+def test_grouped_heads_and_a_scale_from_the_inputs_are_left(model: nn.Module, reason: str) -> None:
+    result = DecomposeAttention().call(frozen(model.eval()), OLD)
+    assert result.rewrites == 0 and kinds(result.unit)[SDPA] == 1
+    assert list(result.skips) == [f"{reason} is left fused"]
+
+
+class Several(nn.Module):
+    """A masked call first (left), then two plain ones on 3-D (batch, tokens, features) inputs."""
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        masked = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        plain = F.scaled_dot_product_attention(q, k, v)
+        return masked + F.scaled_dot_product_attention(plain, k, v, scale=0.5)
+
+
+def test_every_plain_call_after_a_left_one_is_written_out_on_3d_inputs() -> None:
+    model = Several().eval()
+    result = DecomposeAttention().call(frozen(model), OLD)
+    assert result.rewrites == 2 and kinds(result.unit)[SDPA] == 1
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 5, 8, generator=gen) for _ in range(3))
+    mask = torch.randn(5, 5, generator=gen)
+    assert_equivalent(model, result.unit, q, k, v, mask)
+
+
 class Encoder(nn.Module):
     """nn.MultiheadAttention, as torchvision's ViTs call it (need_weights=False)."""
 
