@@ -115,13 +115,19 @@ def live_values(spec: ModelSpec) -> set[int]:
 
 
 def needed_batch_stats(spec: ModelSpec) -> int:
-    """BN calls on batch statistics that the outputs are computed from."""
+    """BN calls on batch statistics that the outputs are computed from. A repeated call of the
+    same BN on the same value is one computation when nothing writes in place: TorchScript's
+    common-subexpression pass keeps one (long profile, script-cpu: not a bug)."""
     live = live_values(spec)
-    return sum(
-        b.kind is Kind.BATCHNORM and not _has_running_stats(b)
-        for i, b in enumerate(spec.blocks)
-        if i + 1 in live
-    )
+    seen: set[tuple[int, int]] = set()
+    needed = 0
+    for i, b in enumerate(spec.blocks):
+        if i + 1 not in live or b.kind is not Kind.BATCHNORM or _has_running_stats(b):
+            continue
+        key = (b.src, b.owner if b.owner is not None else i)
+        needed += key not in seen or spec.writes_in_place()
+        seen.add(key)
+    return needed
 
 
 def ran(report: fxmobile.Report, name: str) -> bool:
