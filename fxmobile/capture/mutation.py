@@ -189,11 +189,11 @@ def owner_name(root: nn.Module, qualname: str) -> str:
     value = getattr(root, qualname, None) if "." not in qualname else None
     if not isinstance(value, torch.Tensor):
         return qualname
-    storage = _storage(value)
+    storage = storage_key(value)
     named: list[tuple[str, torch.Tensor]] = [*root.named_parameters(remove_duplicate=False)]
     named += root.named_buffers(remove_duplicate=False)
     for name, tensor in named:
-        if name != qualname and _storage(tensor) == storage:
+        if name != qualname and storage_key(tensor) == storage:
             return name
     return qualname
 
@@ -226,7 +226,7 @@ class WriteWatch(TorchFunctionMode):
 
     def __init__(self, tensors: list[torch.Tensor]) -> None:
         super().__init__()
-        self.storages = {_storage(t) for t in tensors} - {None}
+        self.storages = {storage_key(t) for t in tensors} - {None}
 
     def __torch_function__(
         self,
@@ -240,13 +240,14 @@ class WriteWatch(TorchFunctionMode):
         target = kwargs.get("out", args[0] if args else None)
         writes = "out" in kwargs or kwargs.get("inplace") is True
         writes |= isinstance(name, str) and ops.aten(name).writes
-        if writes and isinstance(target, torch.Tensor) and _storage(target) in self.storages:
+        if writes and isinstance(target, torch.Tensor) and storage_key(target) in self.storages:
             raise WriteSeenError(name)
         return func(*args, **kwargs)
 
 
-def _storage(t: torch.Tensor) -> int | None:
+def storage_key(t: torch.Tensor) -> int | None:
+    """The address of ``t``'s storage, shared by every view of it; None when it has none."""
     try:
         return int(t.untyped_storage().data_ptr())
-    except Exception:
+    except (RuntimeError, NotImplementedError):  # sparse, nested: no plain storage
         return None

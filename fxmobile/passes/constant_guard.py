@@ -14,6 +14,8 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from fxmobile.capture.mutation import storage_key
+
 RANDOM = "random op is not a constant"
 MUTATES = "op would write to a parameter or constant"
 
@@ -58,14 +60,6 @@ def tensors(value: Any) -> Iterator[torch.Tensor]:
     for leaf in pytree.tree_leaves(value):
         if isinstance(leaf, torch.Tensor):
             yield leaf
-
-
-def storage_key(t: torch.Tensor) -> int | None:
-    """The address of ``t``'s storage, shared by every view of it; None when it has none."""
-    try:
-        return int(t.untyped_storage().data_ptr())
-    except (RuntimeError, NotImplementedError):  # sparse, nested: no plain storage
-        return None
 
 
 def storages(value: Any) -> set[int]:

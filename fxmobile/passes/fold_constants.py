@@ -58,6 +58,7 @@ import torch
 from torch import fx, nn
 
 from fxmobile import ops
+from fxmobile.capture.mutation import storage_key
 from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.constant_guard import (
@@ -65,7 +66,6 @@ from fxmobile.passes.constant_guard import (
     RANDOM,
     ConstantGuard,
     NotConstantError,
-    storage_key,
     storages,
     tensors,
 )
