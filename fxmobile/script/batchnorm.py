@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from fxmobile.script.graph_utils import iter_nodes, method_graphs
+from fxmobile.script.graph_utils import NOT_CONSTANT, constant, iter_nodes, method_graphs
 from fxmobile.script.probe import probe
 from fxmobile.script.stage import ScriptContext
 
@@ -53,15 +53,8 @@ class FrozenBatchNorm:
         return s, beta - self.mean.to(f64) * s
 
 
-_MISSING = object()
-
 # The convolutions whose output rank TorchScript's peephole optimizer takes as known.
 _CONV_RANKS = {"aten::conv1d": 3, "aten::conv2d": 4, "aten::conv3d": 5}
-
-
-def constant(value: torch._C.Value) -> Any:
-    """The constant ``value`` holds, or ``_MISSING``."""
-    return value.toIValue() if value.node().kind() == "prim::Constant" else _MISSING
 
 
 def match(node: torch._C.Node) -> FrozenBatchNorm | str | None:
@@ -78,7 +71,7 @@ def match(node: torch._C.Node) -> FrozenBatchNorm | str | None:
     if not isinstance(mean, torch.Tensor) or not isinstance(var, torch.Tensor):
         return "BN has no constant running stats"
     gamma, beta = values["weight"], values["bias"]
-    if gamma is _MISSING or beta is _MISSING:
+    if gamma is NOT_CONSTANT or beta is NOT_CONSTANT:
         return "BN affine params are not constants"
     return FrozenBatchNorm(node, mean, var, gamma, beta, float(values["eps"]))
 

@@ -24,18 +24,11 @@ from typing import Any
 import torch
 
 from fxmobile.infra import PassResult, Skips
-from fxmobile.script.graph_utils import iter_nodes, method_graphs
+from fxmobile.script.graph_utils import constant, iter_nodes, method_graphs
 from fxmobile.script.stage import ScriptContext, ScriptPass
 
 _CONVOLUTION = ("aten::_convolution", "aten::_convolution_mode")
 _STRING_PADDED = ("aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::_convolution_mode")
-
-
-def _constant(value: torch._C.Value) -> Any:
-    return value.toIValue() if value.node().kind() == "prim::Constant" else _NOT_CONSTANT
-
-
-_NOT_CONSTANT = object()
 
 
 def integer_padding(padding: str, weight: torch.Tensor, dilation: list[int]) -> list[int] | str:
@@ -59,13 +52,13 @@ def canonical(node: torch._C.Node) -> tuple[str, list[Any]] | str | None:
     if kind not in (*_CONVOLUTION, *_STRING_PADDED):
         return None
     inputs = list(node.inputs())
-    weight = _constant(inputs[1])
+    weight = constant(inputs[1])
     if not isinstance(weight, torch.Tensor) or weight.dim() not in (3, 4, 5):
         return f"{kind} weight is not a constant 3-5-D tensor"
     dims = weight.dim() - 2
     padding: Any = inputs[4]
     if kind == "aten::_convolution_mode" or not isinstance(padding.type(), torch._C.ListType):
-        text, dilation = _constant(padding), _constant(inputs[5])
+        text, dilation = constant(padding), constant(inputs[5])
         if not isinstance(text, str) or not isinstance(dilation, list):
             return f"{kind} padding or dilation is not a constant"
         padding = integer_padding(text, weight, dilation)
@@ -74,7 +67,7 @@ def canonical(node: torch._C.Node) -> tuple[str, list[Any]] | str | None:
         return f"aten::conv{dims}d", [*inputs[:4], padding, inputs[5], inputs[6]]
     if kind != "aten::_convolution":
         return None
-    transposed = _constant(inputs[6])
+    transposed = constant(inputs[6])
     if not isinstance(transposed, bool):
         return "aten::_convolution transposed flag is not a constant"
     x, w, b, stride, pad, dilation, _, output_padding, groups = inputs[:9]

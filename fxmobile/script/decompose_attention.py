@@ -20,32 +20,24 @@ from typing import Any
 import torch
 
 from fxmobile.infra import PassResult, Skips
-from fxmobile.script.graph_utils import iter_nodes, method_graphs
+from fxmobile.script.graph_utils import constant, iter_nodes, method_graphs
 from fxmobile.script.stage import ScriptContext, ScriptPass
 
 SDPA = "aten::scaled_dot_product_attention"
-_NONE: Any = object()  # a value that is not a constant
-
-
-def _constant(value: torch._C.Value) -> Any:
-    node = value.node()
-    if node.kind() != "prim::Constant":
-        return _NONE
-    return value.toIValue()
 
 
 def why_not(node: torch._C.Node) -> str | None:
     """None when ``node`` (a scaled_dot_product_attention call) is plain inference attention."""
     _, _, _, mask, dropout, causal, scale, *rest = list(node.inputs())
-    if _constant(mask) is not None:
+    if constant(mask) is not None:
         return "attention with a mask is left fused"
-    if _constant(dropout) != 0.0:
+    if constant(dropout) != 0.0:
         return "attention with dropout (or a dropout that is not a constant) is left fused"
-    if _constant(causal) is not False:
+    if constant(causal) is not False:
         return "causal attention (or causality that is not a constant) is left fused"
-    if rest and _constant(rest[0]) is not False:
+    if rest and constant(rest[0]) is not False:
         return "attention with grouped query heads is left fused"
-    if not (_constant(scale) is None or isinstance(_constant(scale), float)):
+    if not (constant(scale) is None or isinstance(constant(scale), float)):
         return "attention whose scale is not a constant is left fused"
     return None
 
@@ -53,7 +45,7 @@ def why_not(node: torch._C.Node) -> str | None:
 def decompose(graph: torch._C.Graph, node: torch._C.Node) -> None:
     """Insert the math before ``node`` and route its users there."""
     q, k, v, _, _, _, scale_value = list(node.inputs())[:7]
-    scale = _constant(scale_value)
+    scale = constant(scale_value)
     g: Any = graph  # torch's stubs omit Graph.insert's list form and insertConstant
 
     def op(kind: str, *args: Any) -> torch._C.Value:

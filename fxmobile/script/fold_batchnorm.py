@@ -27,7 +27,8 @@ import torch
 from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.affine_fold import scale_output_channels
-from fxmobile.script.batchnorm import FrozenBatchNorm, batchnorms, constant, input_ranks
+from fxmobile.script.batchnorm import FrozenBatchNorm, batchnorms, input_ranks
+from fxmobile.script.graph_utils import constant
 from fxmobile.script.stage import ScriptContext, ScriptPass
 
 # producer kind -> (spatial dims, transposed, index of groups in its arguments, None: linear)

@@ -11,23 +11,14 @@ computed from the input) is left in place and reported: it repacks on every call
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
-from fxmobile.script.graph_utils import iter_nodes
+from fxmobile.script.graph_utils import NOT_CONSTANT, constant, iter_nodes
 from fxmobile.script.stage import ScriptContext, ScriptPass
 
 ATTR_PREFIX = "prepack_folding"
-
-
-def _constant_value(value: torch._C.Value) -> tuple[bool, Any]:
-    node = value.node()
-    if node.kind() != "prim::Constant":
-        return False, None
-    return True, value.toIValue()
 
 
 def fold_prepack_calls(
@@ -43,12 +34,12 @@ def fold_prepack_calls(
         for node in list(iter_nodes(graph)):
             if node.kind() not in prepack_kinds:
                 continue
-            consts = [_constant_value(v) for v in node.inputs()]
-            if not all(ok for ok, _ in consts):
+            consts = [constant(v) for v in node.inputs()]
+            if any(c is NOT_CONSTANT for c in consts):
                 skips.add(f"{node.kind()} has a non-constant input (repacks on every call)")
                 continue
             namespace, name = node.kind().split("::")
-            packed = getattr(getattr(torch.ops, namespace), name)(*[v for _, v in consts])
+            packed = getattr(getattr(torch.ops, namespace), name)(*consts)
             while module._c.hasattr(f"{base}{uid}"):
                 uid += 1
             attr = f"{base}{uid}"

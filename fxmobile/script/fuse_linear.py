@@ -24,25 +24,21 @@ from fxmobile.script.jit_passes import jit
 from fxmobile.script.stage import CountingScriptPass, ScriptContext
 
 
-def _constant(value: torch._C.Value) -> Any:
-    return value.toIValue() if value.node().kind() == "prim::Constant" else None
-
-
 def _linear_operands(node: torch._C.Node) -> tuple[Any, Any, Any] | None:
     """(x, weight, bias) values and constants for a constant-weight linear form, else None."""
     inputs = list(node.inputs())
     if node.kind() == "aten::addmm":
-        bias, x, mat = inputs[0], inputs[1], _constant(inputs[2])
-        if _constant(inputs[3]) != 1 or _constant(inputs[4]) != 1:
+        bias, x, mat = inputs[0], inputs[1], inputs[2].toIValue()
+        if inputs[3].toIValue() != 1 or inputs[4].toIValue() != 1:
             return None
-        b = _constant(bias)
+        b = bias.toIValue()
     elif node.kind() == "aten::add" and inputs[0].node().kind() == "aten::matmul":
         matmul = inputs[0].node()
-        if len(inputs[0].uses()) != 1 or _constant(inputs[2]) != 1:
+        if len(inputs[0].uses()) != 1 or inputs[2].toIValue() != 1:
             return None
-        x, mat, b = matmul.inputsAt(0), _constant(matmul.inputsAt(1)), _constant(inputs[1])
+        x, mat, b = matmul.inputsAt(0), matmul.inputsAt(1).toIValue(), inputs[1].toIValue()
     elif node.kind() == "aten::matmul":
-        x, mat, b = inputs[0], _constant(inputs[1]), None
+        x, mat, b = inputs[0], inputs[1].toIValue(), None
     else:
         return None
     if not isinstance(mat, torch.Tensor) or mat.dim() != 2 or not mat.is_floating_point():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -25,6 +26,17 @@ _BOOKKEEPING = frozenset(
         "prim::Param",
     }
 )
+
+
+# What ``constant`` gives for a value that no ``prim::Constant`` makes.
+NOT_CONSTANT: Any = object()
+
+
+def constant(value: torch._C.Value) -> Any:
+    """The Python value a ``prim::Constant`` gives ``value`` (None included), else
+    ``NOT_CONSTANT``. Where a None constant and a computed value may be treated alike,
+    ``value.toIValue()`` alone says the same: None for both."""
+    return value.toIValue() if value.node().kind() == "prim::Constant" else NOT_CONSTANT
 
 
 # The node kinds that own blocks. Asking a node for its blocks costs 20x reading its kind,

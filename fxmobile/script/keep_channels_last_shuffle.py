@@ -31,6 +31,7 @@ import torch
 from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.script.aliasing import root, written_roots
+from fxmobile.script.graph_utils import constant
 from fxmobile.script.make_inputs_channels_last import (
     CHANNELS_LAST,
     CONTIGUOUS,
@@ -92,19 +93,14 @@ class KeepChannelsLastShuffle(ScriptPass):
         return PassResult(module, len(chosen), dict(skips))
 
 
-def _constant(value: torch._C.Value) -> Any:
-    node = value.node()
-    return node.output().toIValue() if node.kind() == "prim::Constant" else None
-
-
 def _is_shuffle(node: torch._C.Node) -> bool:
     """``contiguous(transpose(view(x, [5 sizes]), 1, 2))``, NCHW format."""
-    if node.kind() != "aten::contiguous" or _constant(node.inputsAt(1)) != CONTIGUOUS:
+    if node.kind() != "aten::contiguous" or constant(node.inputsAt(1)) != CONTIGUOUS:
         return False
     transpose = node.inputsAt(0).node()
     if transpose.kind() != "aten::transpose":
         return False
-    if sorted([_constant(transpose.inputsAt(1)), _constant(transpose.inputsAt(2))]) != [1, 2]:
+    if sorted([constant(transpose.inputsAt(1)), constant(transpose.inputsAt(2))]) != [1, 2]:
         return False
     view = transpose.inputsAt(0).node()
     if view.kind() != "aten::view":
@@ -120,7 +116,7 @@ def _converted_inputs(graph: torch._C.Graph) -> list[torch._C.Value]:
         for n in graph.nodes()
         if n.kind() == "aten::contiguous"
         and n.inputsAt(0) in inputs
-        and _constant(n.inputsAt(1)) == CHANNELS_LAST
+        and constant(n.inputsAt(1)) == CHANNELS_LAST
     ]
 
 
@@ -158,14 +154,14 @@ def _channels_of(value: torch._C.Value, x: torch._C.Value) -> bool:
     """``value`` is ``x.size(1)``, ``x.size()[1]`` or the second of ``x.size()`` unpacked."""
     node = value.node()
     if node.kind() == "aten::size" and len(list(node.inputs())) == 2:
-        return node.inputsAt(0) == x and _constant(node.inputsAt(1)) == 1
+        return node.inputsAt(0) == x and constant(node.inputsAt(1)) == 1
     if node.kind() == "aten::__getitem__":
         source = node.inputsAt(0).node()
         return (
             source.kind() == "aten::size"
             and source.inputsAt(0) == x
             and len(list(source.inputs())) == 1
-            and _constant(node.inputsAt(1)) == 1
+            and constant(node.inputsAt(1)) == 1
         )
     if node.kind() == "prim::ListUnpack":
         source = node.inputsAt(0).node()
