@@ -33,6 +33,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
+from fxmobile import ops
 from fxmobile.capture.checks import deep_copy
 from fxmobile.errors import ScriptingError
 from fxmobile.verify import clone_inputs
@@ -108,10 +109,6 @@ def to_torchscript(
     return traced, note
 
 
-def _hooked(module: nn.Module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks)
-
-
 def _script_with_traced_hooked_leaves(
     gm: fx.GraphModule, example_inputs: tuple[Any, ...]
 ) -> tuple[torch.jit.ScriptModule, list[str]] | None:
@@ -124,7 +121,7 @@ def _script_with_traced_hooked_leaves(
     of ``gm`` on the example inputs; a module called more than once, or with keyword arguments,
     is not (the whole module is traced instead)."""
     targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_module"]
-    hooked = [t for t in dict.fromkeys(targets) if _hooked(gm.get_submodule(t))]
+    hooked = [t for t in dict.fromkeys(targets) if ops.has_hooks(gm.get_submodule(t))]
     if not hooked or any(targets.count(t) > 1 for t in hooked):
         return None
     calls: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
