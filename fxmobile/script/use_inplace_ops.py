@@ -56,6 +56,7 @@ SHAPE_UNKNOWN = "binary op outside forward or without example inputs: shapes unk
 BROADCASTS = "no operand has the result's shape and dtype"
 NOT_FLOATING = "dtype unknown or not floating"
 NO_PACKED_READER = "binary op whose result no prepacked op reads: no copy to save"
+OUT_VARIANT = "op writes its out= argument: no in-place overload takes one"
 
 
 class UseInplaceOps(ScriptPass):
@@ -103,6 +104,8 @@ Facts = dict[torch._C.Value, Fact]
 def choose_target(node: torch._C.Node, facts: Facts | None) -> tuple[int | None, str | None]:
     """Which operand (0, or 1 for a commutative op) ``node`` may write, or why none."""
     kind = node.kind()
+    if ops.script_op(node).writes:  # torch.add(a, b, out=buf): the ``out`` overload
+        return None, OUT_VARIANT
     candidates = [0, 1] if kind in COMMUTATIVE and _alpha_is_one(node) else [0]
     fresh = [i for i in candidates if _writable(node, node.inputsAt(i))]
     if not fresh:

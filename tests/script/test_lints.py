@@ -164,19 +164,51 @@ def test_an_operator_no_mobile_runtime_ships_is_linted() -> None:
     ]
 
 
+class Layout(nn.Module):
+    """A convolution behind one layout change, given as ``contiguous`` or ``to``."""
+
+    def __init__(self, change: str, padding: str | int = 0) -> None:
+        super().__init__()
+        self.change = change
+        self.conv = nn.Conv2d(3, 3, 3, padding=padding)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.change == "contiguous_channels_last":
+            x = x.contiguous(memory_format=torch.channels_last)
+        elif self.change == "to_channels_last":
+            x = x.to(memory_format=torch.channels_last)
+        elif self.change == "contiguous":
+            x = x.contiguous()
+        return self.conv(x)
+
+
+def _lints_of(model: nn.Module) -> list[dict[str, str]]:
+    return generate_mobile_module_lints(freeze(quietly_script(model.eval()), []))
+
+
 def test_a_channels_last_input_clears_the_layout_lint() -> None:
-    class Layout(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.conv = nn.Conv2d(3, 3, 1)
+    """``contiguous`` and ``to`` both make it: the memory format is the last of ``to``'s eight
+    arguments, as of ``contiguous``'s two."""
+    for change in ("contiguous_channels_last", "to_channels_last"):
+        lints = _lints_of(Layout(change))
+        assert NOT_CHANNELS_LAST not in lints, change
+        assert not_prepacked("aten::conv2d") in lints, change
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.conv(x.contiguous(memory_format=torch.channels_last))
 
-    lints = generate_mobile_module_lints(freeze(quietly_script(Layout().eval()), []))
-    assert NOT_CHANNELS_LAST not in lints and not_prepacked("aten::conv2d") in lints
+def test_a_plain_contiguous_keeps_the_layout_lint() -> None:
+    """``contiguous()`` names a memory format too, a constant one, but not channels-last."""
+    assert NOT_CHANNELS_LAST in _lints_of(Layout("contiguous"))
+
+
+def test_an_operator_overload_is_linted_by_its_operator() -> None:
+    """``padding="same"`` scripts to the ``aten::conv2d.padding`` overload: still a plain
+    convolution, named with its overload."""
+    lints = _lints_of(Layout("none", padding="same"))
+    assert not_prepacked("aten::conv2d.padding") in lints
 
 
 def test_anything_but_a_script_module_is_refused() -> None:
-    with pytest.raises(InvalidArgumentError, match="ScriptModule is expected"):
+    with pytest.raises(
+        InvalidArgumentError, match=r"Got <class 'torch\.nn\.modules\.linear\.Linear'>"
+    ):
         generate_mobile_module_lints(nn.Linear(2, 2))  # type: ignore[arg-type]

@@ -57,3 +57,28 @@ def test_the_callers_inputs_are_not_written() -> None:
     x = torch.zeros(3)
     seen = probe(module, module.graph, [_output_of(module, "aten::mul")], (x,))
     assert seen is not None and torch.equal(x, torch.zeros(3))
+
+
+class Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = 2.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale
+
+    @torch.jit.export
+    def set_scale(self, scale: float) -> None:
+        self.scale = scale
+
+
+def test_an_attribute_a_kept_method_sets_is_read_from_the_module() -> None:
+    """Freezing keeps an attribute that a preserved method writes, so the frozen graph still
+    reads it from ``self``: the probe must run on the module itself, with its current value."""
+    module = frozen(Scaled(), ("set_scale",))
+    assert any(n.kind() == "prim::GetAttr" for n in module.graph.nodes())
+    module.set_scale(3.0)
+    x = torch.randn(4)
+    y = _output_of(module, "aten::mul")
+    seen = probe(module, module.graph, [y], (x,))
+    assert seen is not None and torch.equal(seen[y][0], x * 3.0)
