@@ -237,7 +237,7 @@ def call_op(node: fx.Node) -> OpInfo:
     if name is None:
         return NOTHING if node.op == "call_function" and _plain_python(node.target) else UNKNOWN
     info = aten(name)
-    if node.kwargs.get("inplace") is True or isinstance(node.kwargs.get("out"), fx.Node):
+    if node.kwargs.get("inplace") is True or _out_nodes(node):
         info = OpInfo(name, info.view, True, info.random)
     return info
 
@@ -269,13 +269,21 @@ def has_hooks(module: nn.Module) -> bool:
     return bool(own or module_mod._global_forward_hooks or module_mod._global_forward_pre_hooks)
 
 
-def written_input(node: fx.Node) -> fx.Node | None:
-    """The input an in-place node writes: ``out=``, else its first tensor argument."""
+def _out_nodes(node: fx.Node) -> list[fx.Node]:
+    """The nodes given as ``out=``: one, or a tuple of them (``native_batch_norm``'s three)."""
     out = node.kwargs.get("out")
-    if isinstance(out, fx.Node):
-        return out
+    outs = out if isinstance(out, tuple | list) else (out,)
+    return [o for o in outs if isinstance(o, fx.Node)]
+
+
+def written_inputs(node: fx.Node) -> list[fx.Node]:
+    """The inputs an in-place node writes: those given as ``out=``, else its first tensor
+    argument."""
+    outs = _out_nodes(node)
+    if outs:
+        return outs
     first = node.args[0] if node.args else None
-    return first if isinstance(first, fx.Node) else None
+    return [first] if isinstance(first, fx.Node) else []
 
 
 @functools.cache

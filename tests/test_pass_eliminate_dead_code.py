@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 
 import torch
@@ -97,3 +98,28 @@ def test_wrapped_user_function_that_writes_is_kept() -> None:
     result = fxmobile.optimize_fx(model, x)
     assert count_calls(result.graph_module, _add_into) == 1
     assert_equivalent(model, result.graph_module, x)
+
+
+class BatchNormIntoBuffers(nn.Module):
+    normed: torch.Tensor
+    mean: torch.Tensor
+    invstd: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        for name, shape in (("normed", (4, 3)), ("mean", (3,)), ("invstd", (3,))):
+            self.register_buffer(name, torch.zeros(shape))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = (self.normed, self.mean, self.invstd)
+        torch.native_batch_norm(x, None, None, None, None, True, 0.1, 1e-5, out=out)
+        return x + self.normed
+
+
+def test_an_op_writing_a_tuple_of_outs_is_kept() -> None:
+    """``out=`` given as a tuple was not seen as a write, so the call (its result unused) was
+    removed and the model returned ``x + 0`` (found by mutation testing of fold_constants)."""
+    model = BatchNormIntoBuffers().eval()
+    gm, _, _ = _run(model)
+    assert count_calls(gm, torch.native_batch_norm) == 1
+    assert_equivalent(copy.deepcopy(model), gm, torch.randn(4, 3))

@@ -166,13 +166,13 @@ class GraphWrite:
         return target if isinstance(target, str) else getattr(target, "__name__", str(target))
 
 
-def _written(node: fx.Node) -> fx.Node | None:
-    """The node a known in-place op writes to, or None (``fxmobile.ops``; a user function kept
-    opaque is not known to write: only its traced callers' state is checked)."""
+def _written(node: fx.Node) -> list[fx.Node]:
+    """The nodes a known in-place op writes to (``fxmobile.ops``; a user function kept opaque
+    is not known to write: only its traced callers' state is checked)."""
     if node.op not in ("call_method", "call_function"):
-        return None
+        return []
     info = ops.call_op(node)
-    return ops.written_input(node) if info.writes and info.name is not None else None
+    return ops.written_inputs(node) if info.writes and info.name is not None else []
 
 
 def fx_constants(graph: fx.Graph) -> frozenset[str]:
@@ -207,11 +207,10 @@ def graph_writes(graph: fx.Graph) -> list[GraphWrite]:
             aliases[node] = str(node.target)
             continue
         written = _written(node)
-        if written is not None and written in aliases:
-            found.append(GraphWrite(node, aliases[written]))
+        found += [GraphWrite(node, aliases[w]) for w in written if w in aliases]
         base = node.args[0] if node.args else None
         view = node.op in ("call_method", "call_function") and ops.call_op(node).view
-        if isinstance(base, fx.Node) and base in aliases and (view or written is base):
+        if isinstance(base, fx.Node) and base in aliases and (view or base in written):
             aliases[node] = aliases[base]
     return found
 

@@ -122,8 +122,10 @@ def _may_write(gm: fx.GraphModule, node: fx.Node) -> bool:
         return _flag_set(node, *ops.STATS_FUNCTIONS[node.target])
     if is_pure(gm, node):
         return False
-    # fx calls random ops impure (they draw from the generator); they write nothing
-    return not (_is_random(gm, node) and not node.kwargs.get("inplace"))
+    # fx calls random ops impure (they draw from the generator); only in-place ones
+    # (``inplace=True``, ``F.rrelu_``, ``x.bernoulli_()``) also write
+    writes = node.op != "call_module" and ops.call_op(node).writes
+    return not (_is_random(gm, node) and not writes and not node.kwargs.get("inplace"))
 
 
 def why_not_constant(gm: fx.GraphModule, node: fx.Node) -> str | None:
@@ -322,9 +324,10 @@ def _buffer_for(
     """The attribute holding ``value``: an existing one it is, else a new buffer.
 
     A view (``w.t()``, ``w[0]``, a chunk of an intermediate) is copied, keeping the strides the
-    graph computed (``preserve_format``) where they are dense: stored as is, it would keep the
-    whole storage it views alive. ``copies`` remembers the views already copied in this run,
-    so ``w[0]`` read twice is stored once.
+    graph computed (``preserve_format``): stored as is, it would keep the whole storage it views
+    alive. A view no dense copy has the strides of (``w[:, ::2]``) is stored as is, since later
+    ops may read its strides. ``copies`` remembers the views already copied in this run, so
+    ``w[0]`` read twice is stored once.
     """
     key = storage_key(value)
     if key is None:
@@ -341,7 +344,8 @@ def _buffer_for(
     for view, name in copies:
         if _same_tensor(view, value):
             return name
-    name = _new_buffer(gm, value.clone(memory_format=torch.preserve_format))
+    copy = value.clone(memory_format=torch.preserve_format)
+    name = _new_buffer(gm, copy if copy.stride() == value.stride() else value)
     copies.append((value, name))
     return name
 
