@@ -57,7 +57,8 @@ CONVOLUTIONS = frozenset({"prepacked::conv2d_clamp_run", "prepacked::conv2d_tran
 READS_STRIDES = frozenset(
     {f"aten::{name}" for name in ("stride", "is_contiguous", "as_strided", "as_strided_",
                                   "as_strided_scatter", "set_", "resize_", "resize_as_",
-                                  "is_non_overlapping_and_dense", "is_set_to", "data_ptr")}
+                                  "is_non_overlapping_and_dense", "is_set_to", "data_ptr",
+                                  "is_strides_like_format", "sym_stride", "as_strided_copy")}
 )  # fmt: skip
 # Ops that return a view of an NCHW tensor but may return a copy of an NHWC one.
 RESHAPES = frozenset(
