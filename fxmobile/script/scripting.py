@@ -173,7 +173,12 @@ def _set_submodule(root: nn.Module, target: str, module: nn.Module) -> None:
 
 # What torch's tracer says when a trace records a value the example inputs decided: a branch on
 # a tensor, a tensor turned into a Python number. The trace is then right for the example only.
-_DATA_DEPENDENT = ("might cause the trace to be incorrect", "Python value", "Python boolean")
+_DATA_DEPENDENT = (
+    "might cause the trace to be incorrect",
+    "Python value",
+    "Python boolean",
+    "will show up as a constant",  # resize_ and the like: the example's value, fixed
+)
 
 
 @dataclass
@@ -320,7 +325,7 @@ def _regroup(
             index += 1
         else:
             rebuilt.append(leaf)
-    graph.output(pytree.tree_unflatten(rebuilt, spec))
+    graph.output(_construct(graph, pytree.tree_unflatten(rebuilt, spec)))
     root = nn.Module()
     root.traced = traced
     try:
@@ -332,6 +337,19 @@ def _regroup(
             f"them again: {_first_line(exc)}. Fix: annotate the NamedTuple's fields "
             f"(typing.NamedTuple), or return a tuple or dict."
         ) from exc
+
+
+def _construct(graph: fx.Graph, value: Any) -> Any:
+    """``value`` with each NamedTuple in it built by a call of its class: torch.fx names the
+    class in the code it writes for a NamedTuple in the output's tuples, but not in a dict's
+    values ("undefined value Pair" when scripted)."""
+    if pytree.is_namedtuple(value):
+        return graph.call_function(type(value), tuple(_construct(graph, v) for v in value))
+    if isinstance(value, tuple | list):
+        return type(value)(_construct(graph, v) for v in value)
+    if isinstance(value, dict):
+        return {k: _construct(graph, v) for k, v in value.items()}
+    return value
 
 
 def _first_line(exc: Exception) -> str:
