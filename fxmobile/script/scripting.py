@@ -101,10 +101,13 @@ def to_torchscript(
             f"{', '.join(names)} traced with the example inputs (the hooks run at trace time), "
             f"the rest scripted"
         )
-    traced, _ = _trace(gm, example_inputs)
+    traced, warned = _trace(gm, example_inputs)
+    depends = "".join(
+        f"torch.jit.trace warned: {w}; " for w in warned if any(s in w for s in _DATA_DEPENDENT)
+    )
     note = (
-        f"scripting failed ({first}); traced with the example inputs instead, so control "
-        f"flow is fixed to the path those inputs took"
+        f"scripting failed ({first}); {depends}traced with the example inputs instead, so "
+        f"control flow is fixed to the path those inputs took"
     )
     return traced, note
 

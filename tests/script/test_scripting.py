@@ -642,3 +642,32 @@ def test_a_torchscript_model_that_writes_its_buffer_is_run_on_a_copy() -> None:
     with contextlib.suppress(fxmobile.FxMobileError):  # refusing it is fine; touching it is not
         fxmobile.optimize(model, example_inputs=torch.randn(3))
     assert model.calls.item() == 0
+
+
+class OpaqueBranch(nn.Module):
+    """A leaf TorchScript cannot compile whose path depends on its input's values."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        try:
+            return x + 1 if bool(x.sum() > 0) else x - 1
+        except ValueError:
+            return x
+
+
+class OuterBranch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = OpaqueBranch()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x) * 2
+
+
+def test_the_whole_graph_trace_says_what_the_tracer_warned() -> None:
+    """The whole-graph trace dropped torch's tracer warnings: a leaf that branches on a value
+    is fixed to the example's branch, and the note now says which value did it, as the
+    fallback route's notes do."""
+    gm = _with_leaves(OuterBranch(), OpaqueBranch)
+    _, note = to_torchscript(gm, (torch.ones(4),))
+    assert note is not None and note.endswith(WHOLE_TRACE)
+    assert "torch.jit.trace warned: Converting a tensor to a Python boolean" in note
