@@ -81,3 +81,24 @@ def batch_statistics_of_a_clamp_in_place() -> ModelSpec:
         Block(Kind.ACTIVATION, "module", 5, y, {"op": "relu", "inplace": False}),
     )
     return ModelSpec(x, 2, Layout.STRIDED, blocks, (6,), seed=0)
+
+
+def batch_statistics_fed_nchw_by_eager() -> ModelSpec:
+    """The fifth (fx-channels-last, seed 2027): a depthwise transposed conv returns NCHW in
+    eager even from a channels-last input, so only the channels-last rewrite hands the BN on
+    batch statistics a channels-last tensor, whose kernel sums in another order (7.7e-6 from
+    the float64 anchor on the same float32 input, against 3.9e-7 NCHW)."""
+    x = Value(1, (5, 5), torch.float32)
+    y = Value(16, (3, 6), torch.float32)
+    up = {**_unit_stride_conv(8, (1, 2), output_padding=(0, 0)), "padding": (1, 0), "bias": True}
+    depthwise = {**_unit_stride_conv(16, (1, 1), output_padding=(0, 0)), "groups": 16}
+    bn = {"eps": 0.1, "affine": False, "track_running_stats": True}
+    blocks = (
+        Block(Kind.CONV_TRANSPOSE, "module", 0, Value(8, (3, 6), torch.float32), up),
+        Block(Kind.BINARY, "list", 1, y, {"op": "cat"}, other=1),
+        Block(Kind.CONV_TRANSPOSE, "function", 2, y, {**depthwise, "storage": "parameter"}),
+        Block(Kind.ACTIVATION, "module", 3, y, {"op": "relu", "inplace": False}),
+        Block(Kind.BATCHNORM, "module", 4, y, bn),
+        Block(Kind.BATCHNORM, "module", 5, y, {**bn, "track_running_stats": False}),
+    )
+    return ModelSpec(x, 2, Layout.CONTIGUOUS, blocks, (6,), seed=2)
