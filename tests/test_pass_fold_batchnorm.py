@@ -132,12 +132,20 @@ class FlattenThenLinear(nn.Module):
             x = self.flatten(x)
         elif self.how == "function":
             x = torch.flatten(x, 1)
-        else:
+        elif self.how == "view":
             x = x.view(x.size(0), -1)
+        elif self.how == "view_tuple":  # the sizes as one tuple: view(*args[1:][0])
+            x = x.view((x.size(0), -1))
+        elif self.how == "reshape_list":
+            x = x.reshape([x.size(0), -1])
+        else:
+            x = torch.reshape(x, (x.size(0), -1))
         return self.bn(self.fc(x))
 
 
-@pytest.mark.parametrize("how", ["module", "function", "view"])
+@pytest.mark.parametrize(
+    "how", ["module", "function", "view", "view_tuple", "reshape_list", "torch.reshape"]
+)
 def test_linear_after_flatten_folds_without_shapes(how: str) -> None:
     # flatten(x, 1) / view(n, -1) is 2-D, so the Linear's features are dim 1: provable.
     model = randomize_batchnorm(FlattenThenLinear(how), seed=4).eval()
@@ -170,6 +178,54 @@ def test_linear_after_flatten_from_dim_2_is_proven_3d() -> None:
     reason = "Linear output is 3-D: BN normalizes dim 1, not its channels"
     assert (result.rewrites, result.skips) == (0, {reason: 1})
     assert_equivalent(model, gm, x)
+
+
+class LinearAfterView(nn.Module):
+    """``bn(fc(x.view(size)))`` with one argument to ``view``: a single size, a whole shape or a
+    dtype."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.fc = nn.Linear(4, 6)
+        self.bn = nn.BatchNorm1d(6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.how == "one size":
+            x = x.view(-1)
+        elif self.how == "a shape":
+            x = x.view(x.shape)  # a node holding a whole torch.Size
+        else:
+            x = x.view(torch.float32)  # a dtype, not a size
+        return self.bn(self.fc(x))
+
+
+@pytest.mark.parametrize("how", ["a shape", "dtype"])
+def test_a_view_to_a_shape_or_a_dtype_proves_no_rank(how: str) -> None:
+    # view(s) with s a node may be view(torch.Size) of any rank, and view(dtype) keeps the rank:
+    # without shapes the Linear's output rank is unknown, however the model is called.
+    model = randomize_batchnorm(LinearAfterView(how), seed=4).eval()
+    x = torch.randn(3, 4)
+
+    gm, result = fold(model, x, shapes=False)
+
+    assert (result.rewrites, result.skips) == (0, {UNKNOWN: 1})
+    assert count_modules(gm, nn.BatchNorm1d) == 1
+    assert torch.equal(gm(x), model(x))  # left alone (a float64 reference would view(float32))
+
+
+def test_a_view_to_one_size_is_refused_as_1d() -> None:
+    # view(-1) flattens the batch too: the Linear's output is 1-D, which no BatchNorm takes. The
+    # reason says so (the model cannot run), rather than asking for example inputs.
+    model = randomize_batchnorm(LinearAfterView("one size"), seed=4).eval()
+    with pytest.raises(ValueError, match="expected 2D or 3D input"):
+        model(torch.randn(4))
+
+    gm, result = fold(model, shapes=False)
+
+    reason = "Linear output is 1-D: BN normalizes dim 1, not its channels"
+    assert (result.rewrites, result.skips) == (0, {reason: 1})
+    assert count_modules(gm, nn.BatchNorm1d) == 1
 
 
 def test_sync_batchnorm_folds_like_batchnorm_in_eval() -> None:
@@ -294,6 +350,42 @@ def test_functional_producer_and_bn_fold(
     assert (result.rewrites, result.skips) == (1, {})
     assert count_calls(gm, F.batch_norm) == 0 and count_calls(gm, fn) == 1
     assert not hasattr(gm, "bn") and not hasattr(gm, "weight")  # old constants dropped
+    assert_equivalent(model, gm, x)
+
+
+class KeywordProducerBN(nn.Module):
+    """A functional producer whose weight or bias is passed by keyword, then a BatchNorm."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.weight = nn.Parameter(torch.randn(6, 4) if how == "linear" else torch.randn(6, 4, 3))
+        self.bias = nn.Parameter(torch.randn(6))
+        self.bn = nn.BatchNorm1d(6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.how == "linear":
+            y = F.linear(x, weight=self.weight, bias=self.bias)
+        elif self.how == "conv bias=None":
+            y = F.conv1d(x, self.weight, bias=None)
+        else:
+            y = F.conv1d(x, self.weight, bias=self.bias)
+        return self.bn(y)
+
+
+@pytest.mark.parametrize("how", ["linear", "conv bias=None", "conv bias=b"])
+def test_functional_producer_with_keyword_weight_or_bias_folds(how: str) -> None:
+    # fx keeps arguments as written: the folded weight and bias must replace the keywords (the
+    # argument right after the positional ones included), not be appended positionally.
+    model = randomize_batchnorm(KeywordProducerBN(how), seed=5).eval()
+    x = torch.randn(3, 4) if how == "linear" else torch.randn(2, 4, 7)
+    fn = F.linear if how == "linear" else F.conv1d
+
+    gm, result = fold(model, x)
+
+    assert (result.rewrites, result.skips) == (1, {})
+    assert count_modules(gm, nn.BatchNorm1d) == 0 and count_calls(gm, fn) == 1
+    assert not hasattr(gm, "weight") and not hasattr(gm, "bias")  # old constants dropped
     assert_equivalent(model, gm, x)
 
 

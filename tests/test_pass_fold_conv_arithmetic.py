@@ -298,6 +298,69 @@ def test_functional_conv_folds(transposed: bool, bias: bool) -> None:
     assert (result.rewrites, result.skips) == (2, {})
     assert count_arith(gm) == 0 and count_calls(gm, target) == 1
     assert model.w.equal(reference.w)
+    assert not hasattr(gm, "w") and not hasattr(gm, "b")  # the old constants are dropped
+    assert_equivalent(reference, gm, x)
+
+
+class KeywordProducer(nn.Module):
+    """``producer(x, ...) * c + c`` with the weight or bias passed by keyword."""
+
+    c: torch.Tensor
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.w = nn.Parameter(torch.randn((C, 4) if how == "linear" else (C, 4, 3, 3)) * 0.2)
+        self.b = nn.Parameter(torch.randn(C))
+        self.register_buffer("c", per_channel() if how == "linear" else per_channel(1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.how == "linear":
+            y = F.linear(x, weight=self.w, bias=self.b)
+        elif self.how == "conv bias=None":
+            y = F.conv2d(x, self.w, bias=None)
+        else:
+            y = F.conv2d(x, self.w, bias=self.b)
+        return y * self.c + self.c
+
+
+@pytest.mark.parametrize("how", ["linear", "conv bias=None", "conv bias=b"])
+def test_functional_producer_with_keyword_weight_or_bias_folds(how: str) -> None:
+    # fx keeps arguments as written: the folded weight and bias must replace the keywords (the
+    # argument right after the positional ones included), not be appended positionally.
+    model = KeywordProducer(how).eval()
+    x = torch.randn(3, 4) if how == "linear" else x_for(2)
+    gm, result = run(model)
+    assert (result.rewrites, result.skips) == (2, {})
+    assert count_arith(gm) == 0 and count_calls(gm, F.linear if how == "linear" else F.conv2d) == 1
+    assert not hasattr(gm, "w") and not hasattr(gm, "b")
+    assert_equivalent(model, gm, x)
+
+
+class SharedFunctionalWeight(nn.Module):
+    """Two ``F.conv2d`` reading the same weight and bias (one ``get_attr`` node each in fx); only
+    the first is followed by a constant."""
+
+    c: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(C, 4, 3, 3) * 0.2)
+        self.b = nn.Parameter(torch.randn(C))
+        self.register_buffer("c", per_channel(1, 1))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return F.conv2d(x, self.w, self.b) * self.c, F.conv2d(x, self.w, self.b)
+
+
+def test_functional_conv_sharing_its_weight_leaves_it_to_the_other_conv() -> None:
+    model = SharedFunctionalWeight().eval()
+    reference, x = copy.deepcopy(model), x_for(2)
+    gm, result = run(model)
+    assert (result.rewrites, result.skips) == (1, {})
+    assert count_arith(gm) == 0 and count_calls(gm, F.conv2d) == 2
+    kept = gm.get_parameter("w"), gm.get_parameter("b")  # still read by the second conv
+    assert kept[0].equal(reference.w) and kept[1].equal(reference.b)
     assert_equivalent(reference, gm, x)
 
 

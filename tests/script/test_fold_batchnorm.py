@@ -21,6 +21,7 @@ from torch import nn
 
 import fxmobile
 from fxmobile.script.batchnorm import batchnorms as batchnorms_of
+from fxmobile.script.batchnorm import input_ranks
 from fxmobile.script.fold_batchnorm import FoldBatchNorm
 from fxmobile.script.graph_utils import op_histogram
 from fxmobile.script.scripting import quietly_script
@@ -324,6 +325,72 @@ def test_a_rank_check_proves_the_rank_only_against_a_constant(
     result = FoldBatchNorm().call(frozen(model), NO_INPUTS)
     assert (result.rewrites, result.skips) == (rewrites, skips)
     assert_equivalent(model, result.unit, torch.randn(1, 4, 5, 5))
+
+
+class SeveralRankChecks(nn.Module):
+    """A transposed conv's output whose rank ``d`` is compared three times: by ``<`` (not
+    ``!=``), by ``!=`` against another tensor's rank, and last by ``!=`` against 4, the check that
+    proves it."""
+
+    if TYPE_CHECKING:
+        mean: torch.Tensor
+        var: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.ConvTranspose2d(4, 6, 3)
+        self.register_buffer("mean", torch.randn(6))
+        self.register_buffer("var", torch.rand(6) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.up(x)
+        d = y.dim()
+        if d < 3:
+            raise ValueError("expected a batched input")
+        if d != x.dim():
+            raise ValueError("expected the input's rank")
+        if d != 4:
+            raise ValueError("expected a 4-D input")
+        return F.batch_norm(y, self.mean, self.var)
+
+
+def test_the_rank_check_is_found_among_other_comparisons_of_the_rank() -> None:
+    model = SeveralRankChecks().eval()
+    result = FoldBatchNorm().call(frozen(model), NO_INPUTS)
+    assert (result.rewrites, result.skips) == (1, {})
+    assert batchnorms(result.unit) == 0
+    assert_equivalent(model, result.unit, torch.randn(1, 4, 5, 5))
+
+
+class ReadBeforeItsRankCheck(nn.Module):
+    """A transposed conv's output read by ``relu`` before its rank check and its BatchNorm."""
+
+    if TYPE_CHECKING:
+        mean: torch.Tensor
+        var: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.ConvTranspose2d(4, 6, 3)
+        self.register_buffer("mean", torch.randn(6))
+        self.register_buffer("var", torch.rand(6) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.up(x)
+        z = torch.relu(y)
+        if y.dim() != 4:
+            raise ValueError("expected a 4-D input")
+        return F.batch_norm(y, self.mean, self.var) + z
+
+
+def test_a_rank_check_counts_when_the_batchnorm_input_has_other_readers() -> None:
+    """The fold refuses this BatchNorm (its input has two readers) before it needs the rank; the
+    decomposition (which takes it) gets the rank from ``input_ranks``, checked here directly."""
+    module = frozen(ReadBeforeItsRankCheck().eval())
+    (bn,) = [b for _, b in batchnorms_of(module, ["forward"])]
+    assert not isinstance(bn, str)
+    assert next(u.user.kind() for u in bn.input.uses()) == "aten::relu"  # read first by relu
+    assert input_ranks(module, NO_INPUTS) == {bn.input: 4}
 
 
 # --- end to end: the routes the FX stage's fold never sees ----------------------------------
