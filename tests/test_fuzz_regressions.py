@@ -762,3 +762,31 @@ def test_regression_a_dropout_between_a_conv_and_its_clamp_does_not_stop_the_fus
     assert "prepacked::conv2d_clamp_run" in kinds
     assert not {"aten::relu", "aten::relu_", "aten::dropout"} & set(kinds)
     assert_acts_like_eager(model, result.module, x)
+
+
+class DataWriteWithACache(nn.Module):
+    """Scripting fails (a dict cache of tensors filled in forward), torch.fx is declined (forward
+    changes the module's state), so only torch.jit.trace is left."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache: dict[str, torch.Tensor] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x + 0
+        y.detach().data.add_(0.5)  # the tracer does not record this write
+        if "scale" not in self.cache:
+            self.cache["scale"] = torch.full_like(x, 2.0)
+        return torch.relu(y) * self.cache["scale"]
+
+
+def test_regression_a_trace_that_drops_a_write_through_data_is_refused() -> None:
+    """F17 (long profile, script-cpu, seed 2028, after 14,574 models): the fallback route took
+    a trace that had dropped ``y.detach().data.add_(0.5)`` (off by 0.21 of the scale; the gate
+    caught it). The route now runs the trace once against a fresh copy of the model and, when
+    they differ, scripts or refuses."""
+    model = DataWriteWithACache().eval()
+    x = torch.randn(2, 3)
+    with pytest.raises(ScriptingError, match="computes something else than forward"):
+        fxmobile.optimize(model, example_inputs=x)
+    assert model.cache == {}

@@ -207,7 +207,8 @@ def fallback_to_torchscript(model: nn.Module, example_inputs: tuple[Any, ...] | 
     if example_inputs is not None:
         traced, warned = _trace(deep_copy(model).eval(), example_inputs)
         depends = [w for w in warned if any(s in w for s in _DATA_DEPENDENT)]
-        if not depends:
+        replays = _replays(traced, model, example_inputs)
+        if not depends and replays:
             notes = [f"torch.jit.trace warned: {w}" for w in warned]
             notes.append("torch.jit.trace fixed shapes and control flow to the example inputs'")
             return Fallback(traced, "torch.jit.trace", declined, notes)
@@ -217,6 +218,14 @@ def fallback_to_torchscript(model: nn.Module, example_inputs: tuple[Any, ...] | 
             )
         except Exception as exc:
             declined.append(f"torch.jit.script failed: {_first_line(exc)}")
+        if not replays:
+            raise ScriptingError(
+                f"neither torch.fx nor torch.jit.script could capture {type(model).__name__} "
+                f"({'; '.join(declined)}), and its torch.jit.trace computes something else "
+                f"than forward on the example inputs (the tracer does not record every op: "
+                f"a write through .data is one). Fix: write the value without .data, or make "
+                f"forward scriptable."
+            )
         notes = [f"torch.jit.trace warned: {w}" for w in warned]
         notes.append(
             "torch.jit.trace fixed the branches the example inputs took: other inputs may take "
@@ -231,6 +240,32 @@ def fallback_to_torchscript(model: nn.Module, example_inputs: tuple[Any, ...] | 
             f"({_first_line(exc)}). Fix: pass example_inputs, so fxmobile can trace it with "
             f"torch.jit.trace and check the result."
         ) from exc
+
+
+def _replays(traced: torch.jit.ScriptModule, model: nn.Module, inputs: tuple[Any, ...]) -> bool:
+    """Whether ``traced`` returns what a fresh copy of ``model`` returns on clones of ``inputs``
+    (within 1e-5 of each output's scale): the tracer records only the ops it sees, and a write
+    through ``.data`` is not one of them. The copy runs once first, as the traced module's
+    state did while it was traced (a counter, a cache): its second call is the comparison."""
+    fresh = deep_copy(model).eval()
+    with torch.no_grad():
+        fresh(*clone_inputs(inputs))
+        expected = pytree.tree_leaves(fresh(*clone_inputs(inputs)))
+        got = pytree.tree_leaves(traced(*clone_inputs(inputs)))
+    if len(got) != len(expected):
+        return False
+    for g, e in zip(got, expected, strict=True):
+        if not isinstance(e, torch.Tensor):
+            continue
+        if not isinstance(g, torch.Tensor) or g.shape != e.shape:
+            return False
+        if e.numel() and e.is_floating_point():
+            scale = float(e.abs().max()) or 1.0
+            if float((g - e).abs().max()) > 1e-5 * scale:
+                return False
+        elif not torch.equal(g, e):
+            return False
+    return True
 
 
 def _trace(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[torch.jit.ScriptModule, list[str]]:

@@ -75,6 +75,15 @@ SUBCLASSED_BATCHNORM = Refusal(
     required=False,
 )
 
+DATA_WRITE_TRACED = Refusal(
+    "a write through .data on the tracing route",
+    fxmobile.FxMobileError,
+    r"its torch\.jit\.trace computes something else than forward on the example inputs",
+    "Bad input: a write through `.data` in a model neither torch.fx nor TorchScript can "
+    "capture (so it would be traced): ScriptingError",
+    required=False,
+)
+
 
 def documented_refusals(spec: ModelSpec, stage: str) -> list[Refusal]:
     """The refusals the README documents for ``spec``'s model through ``stage`` (a
@@ -89,7 +98,9 @@ def documented_refusals(spec: ModelSpec, stage: str) -> list[Refusal]:
     - a cache that ``forward`` fills: an empty one (the model has not run yet) is filled by the
       first call, and LeViT's, keyed by ``str(x.device)``, gets a new key when traced (the
       device of a traced value is no device): the README's "forward changes an attribute"
-      refusal. A dict cache already filled is only read: that model must be optimized.
+      refusal. A dict cache already filled is only read: that model must be optimized;
+    - a write through ``.data`` in such a model, through ``optimize``: the route left is
+      torch.jit.trace, which does not record that write, so the trace is refused.
     """
     found = []
     if spec.global_hook:
@@ -103,6 +114,12 @@ def documented_refusals(spec: ModelSpec, stage: str) -> list[Refusal]:
     caches = [b for b in spec.blocks if b.kind is Kind.CACHE]
     if caches and (spec.cold_cache or any(b.options["pattern"] == "levit" for b in caches)):
         found.append(FILLS_A_CACHE)
+    data_write = any(
+        b.kind is Kind.VIEW_WRITE and any(v[0] == "data" for v in b.options.get("views", ()))
+        for b in spec.blocks
+    )
+    if data_write and FILLS_A_CACHE in found and stage == "script-cpu":
+        found.append(DATA_WRITE_TRACED)  # the cache sends it to torch.jit.trace
     return found
 
 
