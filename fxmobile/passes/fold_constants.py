@@ -124,8 +124,8 @@ def _may_write(gm: fx.GraphModule, node: fx.Node) -> bool:
         return False
     # fx calls random ops impure (they draw from the generator); only in-place ones
     # (``inplace=True``, ``F.rrelu_``, ``x.bernoulli_()``) also write
-    writes = node.op != "call_module" and ops.call_op(node).writes
-    return not (_is_random(gm, node) and not writes and not node.kwargs.get("inplace"))
+    writes = node.kwargs.get("inplace") or (node.op != "call_module" and ops.call_op(node).writes)
+    return not (_is_random(gm, node) and not writes)
 
 
 def why_not_constant(gm: fx.GraphModule, node: fx.Node) -> str | None:

@@ -35,8 +35,8 @@ from torch.utils import _pytree as pytree
 
 from fxmobile import ops
 from fxmobile.capture.checks import deep_copy
-from fxmobile.errors import ScriptingError
-from fxmobile.verify import clone_inputs
+from fxmobile.errors import InvalidValueError, ScriptingError
+from fxmobile.verify import clone_inputs, compare_outputs, run_model
 
 
 def quietly_script(module: torch.nn.Module) -> torch.jit.ScriptModule:
@@ -101,7 +101,7 @@ def to_torchscript(
             f"{', '.join(names)} traced with the example inputs (the hooks run at trace time), "
             f"the rest scripted"
         )
-    traced, warned = _trace(gm, example_inputs)
+    traced, warned, _ = _trace(gm, example_inputs)
     depends = "".join(
         f"torch.jit.trace warned: {w}; " for w in warned if any(s in w for s in _DATA_DEPENDENT)
     )
@@ -152,7 +152,7 @@ def _script_with_traced_hooked_leaves(
     partly._modules = dict(gm._modules)
     try:
         for target in hooked:
-            traced, warned = _trace(gm.get_submodule(target), calls[target][0])
+            traced, warned, _ = _trace(gm.get_submodule(target), calls[target][0])
             if any(s in w for w in warned for s in _DATA_DEPENDENT):
                 return None
             _set_submodule(partly, target, traced)
@@ -205,9 +205,9 @@ def fallback_to_torchscript(model: nn.Module, example_inputs: tuple[Any, ...] | 
     """
     declined: list[str] = []
     if example_inputs is not None:
-        traced, warned = _trace(deep_copy(model).eval(), example_inputs)
+        traced, warned, reference = _trace(deep_copy(model).eval(), example_inputs)
         depends = [w for w in warned if any(s in w for s in _DATA_DEPENDENT)]
-        replays = _replays(traced, model, example_inputs)
+        replays = _replays(traced, reference, example_inputs)
         if not depends and replays:
             notes = [f"torch.jit.trace warned: {w}" for w in warned]
             notes.append("torch.jit.trace fixed shapes and control flow to the example inputs'")
@@ -242,38 +242,28 @@ def fallback_to_torchscript(model: nn.Module, example_inputs: tuple[Any, ...] | 
         ) from exc
 
 
-def _replays(traced: torch.jit.ScriptModule, model: nn.Module, inputs: tuple[Any, ...]) -> bool:
-    """Whether ``traced`` returns what a fresh copy of ``model`` returns on clones of ``inputs``
-    (within 1e-5 of each output's scale): the tracer records only the ops it sees, and a write
-    through ``.data`` is not one of them. The copy runs once first, as the traced module's
-    state did while it was traced (a counter, a cache): its second call is the comparison."""
-    fresh = deep_copy(model).eval()
-    with torch.no_grad():
-        fresh(*clone_inputs(inputs))
-        expected = pytree.tree_leaves(fresh(*clone_inputs(inputs)))
-        got = pytree.tree_leaves(traced(*clone_inputs(inputs)))
-    if len(got) != len(expected):
+def _replays(traced: torch.jit.ScriptModule, reference: nn.Module, inputs: tuple[Any, ...]) -> bool:
+    """Whether ``traced`` returns what ``reference`` (``_trace``'s copy of the model, called
+    once, as the traced module's state was while it was traced: a counter, a cache) returns on
+    its next call, within 1e-5 of each output's scale: the tracer records only the ops it sees,
+    and a write through ``.data`` is not one of them."""
+    try:
+        checks = compare_outputs(run_model(reference, inputs), run_model(traced, inputs), 1e-5)
+    except InvalidValueError:  # another structure, or another shape
         return False
-    for g, e in zip(got, expected, strict=True):
-        if not isinstance(e, torch.Tensor):
-            continue
-        if not isinstance(g, torch.Tensor) or g.shape != e.shape:
-            return False
-        if e.numel() and e.is_floating_point():
-            scale = float(e.abs().max()) or 1.0
-            if float((g - e).abs().max()) > 1e-5 * scale:
-                return False
-        elif not torch.equal(g, e):
-            return False
-    return True
+    return all(check.passed for check in checks)
 
 
-def _trace(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[torch.jit.ScriptModule, list[str]]:
+def _trace(
+    model: nn.Module, inputs: tuple[Any, ...]
+) -> tuple[torch.jit.ScriptModule, list[str], nn.Module]:
     """``torch.jit.trace`` of ``model`` under ``no_grad`` on clones of ``inputs``, its output
-    structure kept (``_Regroup``), and torch's tracer warnings."""
+    structure kept (``_Regroup``), torch's tracer warnings, and the copy of ``model`` whose
+    first call gave the output structure (for ``_replays``)."""
     name = type(model).__name__
+    reference = deep_copy(model)
     with torch.no_grad():  # on a copy: a forward that fills a cache must trace its first call
-        outputs = deep_copy(model)(*clone_inputs(inputs))
+        outputs = reference(*clone_inputs(inputs))
     leaves, spec = pytree.tree_flatten(outputs)
     for leaf in leaves:
         if dataclasses.is_dataclass(leaf):
@@ -302,7 +292,7 @@ def _trace(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[torch.jit.ScriptM
     found = [str(w.message) for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
     if regroup:
         traced = _regroup(traced, len(inputs), leaves, spec, name)
-    return traced, list(dict.fromkeys(found))
+    return traced, list(dict.fromkeys(found)), reference
 
 
 def _second_names_as_attributes(model: nn.Module) -> None:
