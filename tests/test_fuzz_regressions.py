@@ -26,7 +26,7 @@ from tests.fuzz.programs import (
     batch_statistics_of_clamped_values,
 )
 from tests.fuzz.spec import ModelSpec
-from tests.helpers import assert_equivalent
+from tests.helpers import assert_equivalent, randomize_batchnorm
 
 
 def test_regression_oracle_noise_covers_a_bn_the_rewrite_makes_channels_last() -> None:
@@ -790,3 +790,61 @@ def test_regression_a_trace_that_drops_a_write_through_data_is_refused() -> None
     with pytest.raises(ScriptingError, match="computes something else than forward"):
         fxmobile.optimize(model, example_inputs=x)
     assert model.cache == {}
+
+
+class DataWriteAfterARecordedBatchNorm(nn.Module):
+    """Scripting fails (a recorder object hooked on the BatchNorm), and the BatchNorm, called
+    twice, cannot be traced on its own, so the whole optimized graph is traced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm2d(3)
+        self.bn.register_forward_hook(Recorder("forward"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.bn(x)
+        y.narrow(1, 0, 1).data.add_(0.5)  # the tracer does not record this write
+        return self.bn(y)
+
+
+def test_regression_a_whole_graph_trace_that_drops_a_write_through_data_is_refused() -> None:
+    """F18 (long profile, script-cpu, seed 2030, after 8,391 models): the whole-graph trace of
+    the optimized module dropped ``y.narrow(...).data.add_(0.5)``; the gate caught it, and with
+    ``check="off"`` the wrong module was handed back. The trace is now replayed against the
+    optimized graph on the example inputs and refused when they differ."""
+    model = DataWriteAfterARecordedBatchNorm().eval()
+    randomize_batchnorm(model)
+    x = torch.randn(2, 3, 4, 4)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ScriptingError, match="computes something else than"):
+        fxmobile.optimize(model, example_inputs=x, check="off")
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+class NoiseAfterARecordedBatchNorm(nn.Module):
+    """The whole optimized graph is traced (as above), and forward samples noise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm2d(3)
+        self.bn.register_forward_hook(Recorder("forward"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.bn(x)
+        return self.bn(y + torch.rand_like(y))
+
+
+def test_a_whole_graph_trace_of_a_model_that_samples_noise_is_taken() -> None:
+    """The replay check draws both calls from one seed: noise is not a dropped write."""
+    model = NoiseAfterARecordedBatchNorm().eval()
+    randomize_batchnorm(model)
+    x = torch.randn(2, 3, 4, 4)
+    result = fxmobile.optimize(model, example_inputs=x, check="off")
+    assert any("traced with the example inputs" in note for note in result.report.notes)
+    with torch.random.fork_rng():
+        torch.manual_seed(1)
+        with torch.no_grad():
+            expected = model(x)
+            torch.manual_seed(1)
+            got = result.module(x)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))

@@ -101,7 +101,15 @@ def to_torchscript(
             f"{', '.join(names)} traced with the example inputs (the hooks run at trace time), "
             f"the rest scripted"
         )
-    traced, warned, _ = _trace(gm, example_inputs)
+    traced, warned, reference = _trace(gm, example_inputs)
+    if not _replays(traced, reference, example_inputs):
+        raise ScriptingError(
+            f"torch.jit.script could not compile the optimized {type(gm).__name__} ({first}), "
+            f"and its torch.jit.trace computes something else than the optimized graph on the "
+            f"example inputs (the tracer does not record every op: a write through .data is "
+            f"one). Fix: write the value without .data, or make the hooks and submodules named "
+            f"above scriptable."
+        )
     depends = "".join(
         f"torch.jit.trace warned: {w}; " for w in warned if any(s in w for s in _DATA_DEPENDENT)
     )
@@ -246,9 +254,15 @@ def _replays(traced: torch.jit.ScriptModule, reference: nn.Module, inputs: tuple
     """Whether ``traced`` returns what ``reference`` (``_trace``'s copy of the model, called
     once, as the traced module's state was while it was traced: a counter, a cache) returns on
     its next call, within 1e-5 of each output's scale: the tracer records only the ops it sees,
-    and a write through ``.data`` is not one of them."""
+    and a write through ``.data`` is not one of them. Both calls draw from the same random
+    seed, so a model that samples noise replays too."""
     try:
-        checks = compare_outputs(run_model(reference, inputs), run_model(traced, inputs), 1e-5)
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            expected = run_model(reference, inputs)
+            torch.manual_seed(0)
+            got = run_model(traced, inputs)
+        checks = compare_outputs(expected, got, 1e-5)
     except InvalidValueError:  # another structure, or another shape
         return False
     return all(check.passed for check in checks)

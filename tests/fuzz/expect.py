@@ -78,9 +78,10 @@ SUBCLASSED_BATCHNORM = Refusal(
 DATA_WRITE_TRACED = Refusal(
     "a write through .data on the tracing route",
     fxmobile.FxMobileError,
-    r"its torch\.jit\.trace computes something else than forward on the example inputs",
-    "Bad input: a write through `.data` in a model neither torch.fx nor TorchScript can "
-    "capture (so it would be traced): ScriptingError",
+    r"its torch\.jit\.trace computes something else than (forward|the optimized graph) on "
+    r"the example inputs",
+    "Bad input: a write through `.data` in a module that would be traced (neither torch.fx nor "
+    "TorchScript captures the model, or the optimized graph does not script): ScriptingError",
     required=False,
 )
 
@@ -99,7 +100,8 @@ def documented_refusals(spec: ModelSpec, stage: str) -> list[Refusal]:
       first call, and LeViT's, keyed by ``str(x.device)``, gets a new key when traced (the
       device of a traced value is no device): the README's "forward changes an attribute"
       refusal. A dict cache already filled is only read: that model must be optimized;
-    - a write through ``.data`` in such a model, through ``optimize``: the route left is
+    - a write through ``.data`` in such a model, or in one whose hooks stay with their modules
+      (the optimized graph may not script), through ``optimize``: the route left is
       torch.jit.trace, which does not record that write, so the trace is refused.
     """
     found = []
@@ -118,8 +120,11 @@ def documented_refusals(spec: ModelSpec, stage: str) -> list[Refusal]:
         b.kind is Kind.VIEW_WRITE and any(v[0] == "data" for v in b.options.get("views", ()))
         for b in spec.blocks
     )
-    if data_write and FILLS_A_CACHE in found and stage == "script-cpu":
-        found.append(DATA_WRITE_TRACED)  # the cache sends it to torch.jit.trace
+    kept = any(b.kept_hooks for b in spec.blocks)
+    if data_write and stage == "script-cpu" and (FILLS_A_CACHE in found or kept):
+        # the cache sends the model to torch.jit.trace; a hook TorchScript cannot compile, on a
+        # module that cannot be traced alone, sends the optimized graph there
+        found.append(DATA_WRITE_TRACED)
     return found
 
 
