@@ -8,10 +8,14 @@ from fxmobile.backends.library import OpFamily, Provider, registration_status
 from fxmobile.errors import (
     CaptureError,
     FxMobileError,
+    InputWriteError,
     InvalidArgumentError,
     InvalidValueError,
     NumericalMismatchError,
     PassError,
+    RefusedError,
+    ScriptingError,
+    ScriptModuleError,
     TrainingModeError,
 )
 from fxmobile.options import Backend, Check, MobileOptimizerType
@@ -24,6 +28,7 @@ __all__ = [
     "Check",
     "FxMobileError",
     "FxResult",
+    "InputWriteError",
     "InvalidArgumentError",
     "InvalidValueError",
     "LintCode",
@@ -33,7 +38,10 @@ __all__ = [
     "OpFamily",
     "PassError",
     "Provider",
+    "RefusedError",
     "Report",
+    "ScriptModuleError",
+    "ScriptingError",
     "TrainingModeError",
     "generate_mobile_module_lints",
     "optimize",

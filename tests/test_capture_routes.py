@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import fxmobile
+from fxmobile.errors import ScriptingError
 from tests.helpers import assert_equivalent, count_modules, randomize_batchnorm
 
 X = torch.randn(1, 3, 10, 10)
@@ -197,6 +198,27 @@ class DataDependent(nn.Module):
         if y.mean() > 0:
             return y * 2
         return y - 1
+
+
+class GrowingHistory(nn.Module):
+    """Unscriptable (an unannotated empty list), and its output grows by a row every call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.history: list = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.history.append(x.sum(0))
+        return torch.stack(self.history)
+
+
+def test_a_trace_whose_output_shape_the_next_call_changes_is_refused() -> None:
+    """torch.jit.trace fixes the output to one row; the next eager call returns two. The replay
+    check compares shapes too, so the trace is refused even with the check off."""
+    model = GrowingHistory()
+    with pytest.raises(ScriptingError, match="computes something else than forward"):
+        fxmobile.optimize(model, example_inputs=X[0, 0], check="off")
+    assert model.history == []
 
 
 def test_data_dependent_control_flow_goes_through_torch_jit_script() -> None:

@@ -101,3 +101,21 @@ def test_every_rewritten_method_is_made_functional() -> None:
 def test_nothing_to_do_reports_zero() -> None:
     result = RemoveMutation().call(frozen(nn.Sequential(nn.ReLU())), CTX)
     assert result.rewrites == 0 and not result.modified and result.skips == {}
+
+
+class AddsTwice(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        y.add_(1)
+        y.add_(2)
+        x.add_(3)  # the caller's tensor: kept
+        x.add_(4)
+        return y
+
+
+def test_writes_of_one_kind_are_counted_each() -> None:
+    module = frozen(AddsTwice())
+    assert mutating_kinds(module, ["forward"]) == {"aten::add_": 4}
+    result = RemoveMutation().call(module, CTX)
+    assert result.rewrites == 2
+    assert result.skips == {"aten::add_ kept: torch cannot prove no alias observes the write": 2}
