@@ -451,6 +451,26 @@ def test_batch_varying_constant_is_left_alone() -> None:
     assert_equivalent(model, gm, x)
 
 
+def test_constant_that_widens_a_one_channel_output_is_left_alone() -> None:
+    """A conv with one output channel times a constant of C channels broadcasts its output up to
+    C channels: no fold into one channel of weights says that."""
+    model = ConvThen(lambda m, y: y * m.c, per_channel(1, 1), nn.Conv2d(4, 1, 3)).eval()
+    x = x_for(2)
+    gm, result = run(model, x)
+    assert (result.rewrites, result.skips) == (0, {f"constant has {C} channels, conv has 1": 1})
+    assert_equivalent(model, gm, x)
+
+
+def test_commuted_add_with_alpha_scales_the_shift_before_it() -> None:
+    """``c + alpha * (y + 1)``: the shift the chain has so far is scaled by alpha too."""
+    model = ConvThen(lambda m, y: torch.add(m.c, y + 1, alpha=2), per_channel(1, 1)).eval()
+    reference, x = copy.deepcopy(model), x_for(2)
+    gm, result = run(model)
+    assert (result.rewrites, result.skips) == (2, {})
+    assert count_arith(gm) == 0
+    assert_equivalent(reference, gm, x)
+
+
 def test_chain_folds_up_to_the_first_unfoldable_step() -> None:
     # torch.ones(...) in forward is traced into a get_attr constant (_tensor_constant0).
     fn = lambda m, y: (y * 2 + 1) * torch.ones(1, 1, 3, 3) + m.c  # noqa: E731

@@ -110,9 +110,7 @@ def to_torchscript(
             f"one). Fix: write the value without .data, or make the hooks and submodules named "
             f"above scriptable."
         )
-    depends = "".join(
-        f"torch.jit.trace warned: {w}; " for w in warned if any(s in w for s in _DATA_DEPENDENT)
-    )
+    depends = "".join(f"torch.jit.trace warned: {w}; " for w in warned)
     note = (
         f"scripting failed ({first}); {depends}traced with the example inputs instead, so "
         f"control flow is fixed to the path those inputs took"
@@ -161,7 +159,7 @@ def _script_with_traced_hooked_leaves(
     try:
         for target in hooked:
             traced, warned, _ = _trace(gm.get_submodule(target), calls[target][0])
-            if any(s in w for w in warned for s in _DATA_DEPENDENT):
+            if warned:  # the trace may hold only what the example decided
                 return None
             _set_submodule(partly, target, traced)
         return quietly_script(partly), hooked
@@ -182,16 +180,6 @@ def _set_submodule(root: nn.Module, target: str, module: nn.Module) -> None:
     owner._modules[leaf] = module
 
 
-# What torch's tracer says when a trace records a value the example inputs decided: a branch on
-# a tensor, a tensor turned into a Python number. The trace is then right for the example only.
-_DATA_DEPENDENT = (
-    "might cause the trace to be incorrect",
-    "Python value",
-    "Python boolean",
-    "will show up as a constant",  # resize_ and the like: the example's value, fixed
-)
-
-
 @dataclass
 class Fallback:
     """A model torch.fx could not capture, as TorchScript, and how it was made."""
@@ -206,19 +194,19 @@ def fallback_to_torchscript(model: nn.Module, example_inputs: tuple[Any, ...] | 
     """``model`` (a fresh copy of it, in eval mode) as TorchScript without torch.fx.
 
     With example inputs ``torch.jit.trace`` comes first: it runs the model's Python, whatever
-    it is, and records the tensor ops that ran. When torch's tracer warns that the recording
-    depends on the example's values (a branch on a tensor, ``.item()``), ``torch.jit.script``,
-    which keeps control flow, is tried; if it fails too, the trace is taken and its warnings
-    are in the notes. Without example inputs only ``torch.jit.script`` can run.
+    it is, and records the tensor ops that ran. When torch's tracer warns (each of its warnings
+    says the recording may hold what the example's values decided: a branch on a tensor,
+    ``.item()``, ``resize_``) or the trace does not replay forward, ``torch.jit.script``, which
+    keeps control flow, is tried; if it fails too, a trace that replays is taken with its
+    warnings in the notes, and one that does not is refused. Without example inputs only
+    ``torch.jit.script`` can run.
     """
     declined: list[str] = []
     if example_inputs is not None:
         traced, warned, reference = _trace(deep_copy(model).eval(), example_inputs)
-        depends = [w for w in warned if any(s in w for s in _DATA_DEPENDENT)]
         replays = _replays(traced, reference, example_inputs)
-        if not depends and replays:
-            notes = [f"torch.jit.trace warned: {w}" for w in warned]
-            notes.append("torch.jit.trace fixed shapes and control flow to the example inputs'")
+        if not warned and replays:
+            notes = ["torch.jit.trace fixed shapes and control flow to the example inputs'"]
             return Fallback(traced, "torch.jit.trace", declined, notes)
         try:
             return Fallback(
