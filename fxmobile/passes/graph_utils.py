@@ -92,18 +92,18 @@ def erase_unused_attributes(gm: fx.GraphModule) -> int:
     return removed + before - sum(1 for _ in gm.modules())
 
 
-def written_in_place(gm: fx.GraphModule, node: fx.Node, skip: fx.Node | None = None) -> bool:
+def written_in_place(gm: fx.GraphModule, node: fx.Node) -> bool:
     """Whether an in-place op writes to ``node``'s value, directly or through a view of it.
 
-    ``skip`` is a user to ignore (the node being considered for removal itself). A user that may
-    write (``fxmobile.ops``) counts as a write; a user that may return a view is followed.
+    A user that may write (``fxmobile.ops``) counts as a write; a user that may return a view is
+    followed.
     """
     stack = [node]
     seen: set[fx.Node] = set()
     while stack:
         current = stack.pop()
         for user in current.users:
-            if user is skip or user.op == "output" or user in seen:
+            if user.op == "output" or user in seen:
                 continue
             seen.add(user)
             info = ops.fx_op(gm, user)

@@ -85,7 +85,7 @@ def _copy_is_observable(gm: fx.GraphModule, node: fx.Node, source: fx.Node) -> b
     own tensor back)."""
     if any(user.op == "output" for user in node.users):
         return True
-    return written_in_place(gm, node) or written_in_place(gm, source, skip=node)
+    return written_in_place(gm, node) or written_in_place(gm, source)
 
 
 def _is_scalar(value: object, neutral: int) -> bool:

@@ -280,7 +280,6 @@ def _trace(
     traced_module = _Flatten(model) if regroup else model
     with warnings.catch_warnings(record=True) as caught, torch.no_grad():
         warnings.simplefilter("always", torch.jit.TracerWarning)
-        warnings.filterwarnings("ignore", message=r".*torch\.jit\.trace. is deprecated")
         try:
             traced = torch.jit.trace(
                 traced_module, clone_inputs(inputs), check_trace=False, strict=False

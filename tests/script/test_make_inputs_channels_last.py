@@ -554,3 +554,21 @@ def test_a_module_without_forward_is_left_alone() -> None:
     assert record.rewrites == 0 and dict(record.skips) == {}
     graph = result.module._c._get_method("run").graph
     assert "aten::contiguous" not in [n.kind() for n in graph.nodes()]
+
+
+class PairOut(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return x + 1, {"y": x * 2}
+
+
+def test_same_compares_the_strides_of_tensors_inside_tuples_and_dicts() -> None:
+    """The check after the rewrite looks at every tensor the graph returns: one that comes back
+    channels-last inside a tuple or dict where it was contiguous is a changed module."""
+    module = torch.jit.freeze(torch.jit.script(PairOut().eval()))
+    x = torch.randn(1, 3, 4, 5)
+    before = (x + 1, {"y": x * 2})
+    assert cl.same(before, module, module.graph, [x])
+    in_tuple = (before[0].contiguous(memory_format=torch.channels_last), before[1])
+    in_dict = (before[0], {"y": before[1]["y"].contiguous(memory_format=torch.channels_last)})
+    assert not cl.same(in_tuple, module, module.graph, [x])
+    assert not cl.same(in_dict, module, module.graph, [x])
