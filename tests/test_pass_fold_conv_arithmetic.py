@@ -471,6 +471,29 @@ def test_commuted_add_with_alpha_scales_the_shift_before_it() -> None:
     assert_equivalent(reference, gm, x)
 
 
+class TwoConvsOneWeight(nn.Module):
+    """One weight, two functional convs, each scaled by its own constant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(C, 4, 3, 3))
+        self.register_buffer("a", per_channel(1, 1))
+        self.register_buffer("b", per_channel(1, 1) * 2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return F.conv2d(x, self.w) * self.a, F.conv2d(x + 1, self.w) * self.b
+
+
+def test_two_folds_into_one_weight_get_a_folded_weight_each() -> None:
+    model = TwoConvsOneWeight().eval()
+    reference, x = copy.deepcopy(model), x_for(2)
+    gm, result = run(model)
+    assert (result.rewrites, result.skips) == (2, {})
+    weights = [n.args[1].target for n in gm.graph.nodes if n.target is torch.conv2d]
+    assert len(set(weights)) == 2
+    assert_equivalent(reference, gm, x)
+
+
 def test_chain_folds_up_to_the_first_unfoldable_step() -> None:
     # torch.ones(...) in forward is traced into a get_attr constant (_tensor_constant0).
     fn = lambda m, y: (y * 2 + 1) * torch.ones(1, 1, 3, 3) + m.c  # noqa: E731

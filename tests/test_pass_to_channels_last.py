@@ -143,8 +143,37 @@ def test_constants_in_arithmetic_and_functional_conv_weights() -> None:
     for name in ("conv.weight", "pos", "gain", "w"):
         t = gm.get_parameter(name) if name != "gain" else gm.get_buffer(name)
         assert t.is_contiguous(memory_format=CL), name
+        # the new tensor is registered as the old one was (TorchScript and state_dict read there)
+        assert gm.state_dict(keep_vars=True)[name] is t, name
     assert isinstance(gm.get_parameter("pos"), nn.Parameter)
     assert_equivalent(model, gm, x)
+
+
+class PlainTensorWeight(nn.Module):
+    """A functional conv's weight kept as a plain tensor attribute (neither parameter nor
+    buffer) of a module the graph also calls: the graph module shares that module, so the
+    attribute stays plain there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.conv.k = torch.randn(4, 4, 3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(self.conv(x), self.conv.k, padding=1)
+
+
+def test_a_plain_tensor_attribute_goes_channels_last_in_place_of_the_old() -> None:
+    torch.manual_seed(0)
+    model = PlainTensorWeight().eval()
+    x = torch.randn(2, 3, 8, 8)
+    gm, result = _run(model, x)
+    assert result.rewrites == 4  # entry + conv.weight + conv.k + output restore
+    conv = gm.get_submodule("conv")
+    assert "k" in vars(conv) and conv.k.is_contiguous(memory_format=CL)
+    assert model.conv.k.is_contiguous()
+    with torch.no_grad():  # float32 only: .double() leaves a plain tensor attribute as it is
+        torch.testing.assert_close(gm(x), model(x))
 
 
 @pytest.mark.parametrize(

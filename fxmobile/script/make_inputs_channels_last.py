@@ -191,7 +191,7 @@ def _why_not_op(node: torch._C.Node, written: set[torch._C.Value]) -> str | None
         return f"a converted value reaches {kind}, which reads strides"
     if kind in RESHAPES and root(node.inputsAt(0)) in written:
         return f"{kind} of a tensor written in place: a copy, not a view, once channels-last"
-    if kind in PASS_THROUGH or kind in CONVOLUTIONS or kind == "prim::Constant":
+    if kind in PASS_THROUGH or kind in CONVOLUTIONS:
         return None
     if kind.startswith("prim::") or ops.script_op(node).name is None:
         return f"a converted value reaches {kind}, which fxmobile cannot check"
