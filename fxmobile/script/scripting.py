@@ -79,7 +79,8 @@ def _drop_return_annotation(gm: fx.GraphModule) -> None:
 def to_torchscript(
     gm: fx.GraphModule, example_inputs: tuple[Any, ...] | None
 ) -> tuple[torch.jit.ScriptModule, str | None]:
-    """A ``ScriptModule`` for ``gm``, and a note when it had to be traced instead of scripted."""
+    """A ``ScriptModule`` for ``gm``, and a note when it had to be traced instead of scripted
+    (a trace that does not replay ``gm`` on the example inputs raises ``ScriptingError``)."""
     _drop_return_annotation(gm)
     _alias_aware_type_as(gm)
     try:
