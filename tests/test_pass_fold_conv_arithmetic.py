@@ -426,6 +426,12 @@ NEGATIVE: dict[str, tuple[Callable[[Any, torch.Tensor], Any], Any, str]] = {
         "division with a rounding_mode",
     ),
     "infinite scalar": (lambda m, y: y * float("inf"), None, "constant is not finite"),
+    # scale inf: inf * w summed over a window of mixed signs is nan where eager gives +-inf
+    "infinite alpha": (
+        lambda m, y: torch.add(m.c, y, alpha=float("inf")),
+        per_channel(1, 1),
+        "alpha is not a finite number",
+    ),
 }
 
 
@@ -492,6 +498,24 @@ def test_two_folds_into_one_weight_get_a_folded_weight_each() -> None:
     weights = [n.args[1].target for n in gm.graph.nodes if n.target is torch.conv2d]
     assert len(set(weights)) == 2
     assert_equivalent(reference, gm, x)
+
+
+@pytest.mark.filterwarnings("ignore:Attempted to insert a get_attr Node")  # the case itself
+def test_a_get_attr_that_is_not_a_tensor_is_left_alone() -> None:
+    """A graph built by hand (the pass takes any GraphModule) may read a Python number with
+    get_attr; only tensors and literals fold."""
+    model = ConvThen(lambda m, y: y * 2.0).eval()
+    gm = fx.symbolic_trace(model)
+    gm.k = 2.0
+    mul = next(n for n in gm.graph.nodes if n.target is operator.mul)
+    with gm.graph.inserting_before(mul):
+        mul.args = (mul.args[0], gm.graph.get_attr("k"))
+    gm.recompile()
+    result = FoldConvArithmetic().call(gm, FxContext())
+    assert (result.rewrites, result.skips) == (0, {"constant get_attr is not a tensor": 1})
+    x = x_for(2)
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), model(x), rtol=0, atol=0)
 
 
 def test_chain_folds_up_to_the_first_unfoldable_step() -> None:

@@ -121,6 +121,8 @@ class NotLinear(nn.Module):
             return torch.matmul(x, w) + self.b1
         if self.form == "add float64 bias":
             return torch.matmul(x, w) + self.b64
+        if self.form == "add computed bias":
+            return torch.matmul(x, w) + x.mean(1, keepdim=True)
         if self.form == "matmul read twice":
             y = torch.matmul(x, w)
             return (y + self.b) * y
@@ -137,6 +139,7 @@ NOT_LINEAR = {
     "add alpha 2": 1,
     "add broadcast bias": 1,
     "add float64 bias": 1,
+    "add computed bias": 1,
     "matmul read twice": 1,
     "3-D matrix": 0,
     "integer matrix": 0,

@@ -1,0 +1,69 @@
+"""``fold_affine_into``, the one fold every BatchNorm and arithmetic fold into a module ends in:
+what it refuses (a programming error inside fxmobile, so a plain TypeError / ValueError) and what
+the new module keeps of the old one."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch import nn
+
+from fxmobile.passes.affine_fold import fold_affine_into
+
+N = 4
+
+
+def _affine() -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    scale = torch.rand(N, generator=gen, dtype=torch.float64) + 0.5
+    shift = torch.randn(N, generator=gen, dtype=torch.float64)
+    return scale, shift
+
+
+@pytest.mark.parametrize(
+    "module",
+    [nn.Conv2d(3, N, 3), nn.ConvTranspose2d(2, N, 3, groups=2), nn.Linear(3, N, bias=False)],
+    ids=["conv", "grouped_transposed", "linear_without_bias"],
+)
+@pytest.mark.parametrize("requires_grad", [True, False])
+def test_the_folded_module_computes_the_affine_map_and_keeps_requires_grad(
+    module: nn.Module, requires_grad: bool
+) -> None:
+    """A frozen layer (``requires_grad_(False)``) stays frozen once folded: the REQUIRES_GRAD
+    lint and a user's optimizer see the same flags as before."""
+    module.requires_grad_(requires_grad)
+    scale, shift = _affine()
+    folded = fold_affine_into(module, scale, shift)
+    assert folded is not module
+    assert folded.weight.requires_grad is requires_grad
+    assert folded.bias.requires_grad is requires_grad
+    x = torch.randn(2, 3, 5, 5) if not isinstance(module, nn.Linear) else torch.randn(2, 3)
+    if isinstance(module, nn.ConvTranspose2d):
+        x = torch.randn(2, 2, 5, 5)
+    with torch.no_grad():
+        y = module.double()(x.double())
+        expected = y * scale.reshape(-1, *[1] * (y.dim() - 2)) + shift.reshape(
+            -1, *[1] * (y.dim() - 2)
+        )
+        got = folded.double()(x.double())
+    torch.testing.assert_close(got, expected)
+
+
+def test_a_module_that_is_not_a_conv_or_linear_is_a_type_error_naming_it() -> None:
+    scale, shift = _affine()
+    with pytest.raises(TypeError, match="cannot fold an affine map into BatchNorm2d"):
+        fold_affine_into(nn.BatchNorm2d(N), scale, shift)
+
+
+@pytest.mark.parametrize("wrong", ["scale", "shift"])
+def test_a_scale_or_shift_of_another_length_is_a_value_error_naming_both(wrong: str) -> None:
+    scale, shift = _affine()
+    if wrong == "scale":
+        scale = scale[:-1]
+    else:
+        shift = shift[:-1]
+    got = re.escape(f"{tuple(scale.shape)}/{tuple(shift.shape)}")
+    with pytest.raises(ValueError, match=f"must have {N} entries, got {got}"):
+        fold_affine_into(nn.Conv2d(3, N, 1), scale, shift)
