@@ -477,8 +477,8 @@ def test_commuted_add_with_alpha_scales_the_shift_before_it() -> None:
     assert_equivalent(reference, gm, x)
 
 
-class TwoConvsOneWeight(nn.Module):
-    """One weight, two functional convs, each scaled by its own constant."""
+class ThreeConvsOneWeight(nn.Module):
+    """One weight, three functional convs, each scaled by its own constant."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -486,17 +486,20 @@ class TwoConvsOneWeight(nn.Module):
         self.register_buffer("a", per_channel(1, 1))
         self.register_buffer("b", per_channel(1, 1) * 2)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return F.conv2d(x, self.w) * self.a, F.conv2d(x + 1, self.w) * self.b
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        w = self.w
+        return F.conv2d(x, w) * self.a, F.conv2d(x + 1, w) * self.b, F.conv2d(x - 1, w) * 3
 
 
-def test_two_folds_into_one_weight_get_a_folded_weight_each() -> None:
-    model = TwoConvsOneWeight().eval()
+def test_folds_into_one_weight_get_a_folded_weight_each() -> None:
+    """Each fold registers its own weight under the next free name (the second one would
+    otherwise overwrite the first's)."""
+    model = ThreeConvsOneWeight().eval()
     reference, x = copy.deepcopy(model), x_for(2)
     gm, result = run(model)
-    assert (result.rewrites, result.skips) == (2, {})
+    assert (result.rewrites, result.skips) == (3, {})
     weights = [n.args[1].target for n in gm.graph.nodes if n.target is torch.conv2d]
-    assert len(set(weights)) == 2
+    assert weights == ["w_folded", "w_folded_1", "w_folded_2"]
     assert_equivalent(reference, gm, x)
 
 
