@@ -10,7 +10,8 @@ import torch.nn.functional as F
 import torchvision
 from torch import fx, nn
 
-from fxmobile.passes.inline_modules import INLINERS, inline_leaf_modules
+from fxmobile.passes.inline_modules import INLINERS, InlineModules, inline_leaf_modules
+from fxmobile.passes.stage import FxContext
 from fxmobile.script.scripting import quietly_script
 from tests.helpers import count_calls
 
@@ -131,8 +132,13 @@ def test_calls_with_hooks_or_an_own_forward_stay_module_calls() -> None:
     patched.forward = lambda input: input  # type: ignore[method-assign]
     model = nn.Sequential(hooked, patched, plain).eval()
     gm = fx.symbolic_trace(model)
-    inlined, count, _ = inline_leaf_modules(gm)
-    assert count == 1
+    result = InlineModules().call(gm, FxContext())
+    inlined = result.unit
+    assert result.rewrites == 1
+    assert result.skips == {
+        "Linear has forward hooks": 1,
+        "Linear instance has a forward of its own": 1,
+    }
     assert {str(n.target) for n in inlined.graph.nodes if n.op == "call_module"} == {"0", "1"}
     x = torch.randn(2, 3)
     with torch.no_grad():
