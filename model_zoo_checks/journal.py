@@ -3,8 +3,9 @@ in, so a run that is killed (the OOM killer took three zoo shards at once on thi
 machine, and with them an hour of results) goes on where it stopped with ``--resume``.
 
 One line per model: the JSON list of its results, one per backend. On resume the lines that
-parse are kept (a line cut short by the kill is dropped, and its model runs again) and the
-file is rewritten with them before anything is appended.
+parse are kept (a line cut short by the kill, or written by a runner whose results had other
+fields, is dropped, and its model runs again) and the file is rewritten with them before
+anything is appended.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ class Journal:
         for line in lines:
             try:
                 results = [ModelResult.from_dict(d) for d in json.loads(line)]
-            except ValueError:
-                continue
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue  # cut short by a kill, or written by another version: run it again
             if results:
                 self.previous[results[0].key] = results
                 kept.append(line)

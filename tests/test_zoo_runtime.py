@@ -387,6 +387,21 @@ def test_the_journal_records_each_model_and_a_resumed_run_skips_them(tmp_path: P
     assert Journal(path).keys == set() and path.read_text() == ""  # no --resume: a fresh run
 
 
+def test_a_journal_line_of_another_format_is_run_again(tmp_path: Path) -> None:
+    """A journal left by an older runner (a line that is valid JSON but misses a field this
+    runner needs) is resumed, not crashed on: that model runs again."""
+    from model_zoo_checks.journal import Journal
+
+    path = tmp_path / "journal.jsonl"
+    Journal(path).append([result(key="a", name="a")])
+    with path.open("a") as f:
+        f.write(json.dumps([{"key": "b", "name": "b"}]) + "\n")  # no status
+        f.write(json.dumps({"key": "c"}) + "\n")  # not a list of results
+    again = Journal(path, resume=True)
+    assert again.keys == {"a"}
+    assert path.read_text().count("\n") == 1
+
+
 def test_resume_needs_out(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--quick", "--resume"]) == 2
     assert "--resume needs --out" in capsys.readouterr().err
