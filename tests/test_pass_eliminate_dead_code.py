@@ -56,6 +56,28 @@ def test_dead_nodes_and_their_modules_and_buffers_are_removed() -> None:
     assert_equivalent(model, gm, torch.randn(2, 3))
 
 
+class IgnoresAnInput(nn.Module):
+    def forward(self, x: torch.Tensor, unused: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+def test_an_input_nothing_reads_stays_in_the_signature() -> None:
+    """The caller still passes it: removing the placeholder would shift the arguments (and an
+    input is no side effect to report)."""
+    model = IgnoresAnInput()
+    gm, rewrites, skips = _run(model)
+    assert skips == {}
+    assert [n.op for n in gm.graph.nodes] == [
+        "placeholder",
+        "placeholder",
+        "call_function",
+        "output",
+    ]
+    assert rewrites == 0
+    x, other = torch.randn(3), torch.randn(3)
+    assert torch.equal(gm(x, other), model(x, other))
+
+
 def test_in_place_work_with_unused_results_is_kept() -> None:
     model = Mutating().eval()
     gm, rewrites, skips = _run(model)

@@ -33,8 +33,9 @@ DEFAULT_FX_PASSES: tuple[type[FxPass], ...] = (
 )
 
 
-def fx_pipeline(*, channels_last: bool = False, for_script: bool = False) -> tuple[FxPass, ...]:
-    """Fresh instances of the default passes, plus channels-last and inlining when asked for."""
+def fx_pipeline(*, channels_last: bool, for_script: bool) -> tuple[FxPass, ...]:
+    """Fresh instances of the default passes, plus channels-last and inlining (for the
+    TorchScript stage) when asked for: every caller says which."""
     passes: list[FxPass] = [cls() for cls in DEFAULT_FX_PASSES]
     if channels_last:
         passes.append(ToChannelsLast())

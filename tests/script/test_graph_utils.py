@@ -110,3 +110,31 @@ def test_the_stage_lints_every_rewritten_method_and_measures_the_module() -> Non
     stage = ScriptStage(ScriptContext(("forward", "other"), ("other",)))
     nodes, size = stage.measure(module)
     assert nodes == 5 and size == sum(p.numel() * 4 for p in Work().parameters())
+
+
+class SavesItsStateScaled(nn.Module):
+    """A submodule with TorchScript ``__getstate__``/``__setstate__`` of its own (custom
+    serialization): a module, not a packed context, whatever its state computes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.ones(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.w
+
+    @torch.jit.export
+    def __getstate__(self) -> tuple[torch.Tensor, bool]:
+        return (self.w * 1000, self.training)
+
+    @torch.jit.export
+    def __setstate__(self, state: tuple[torch.Tensor, bool]) -> None:
+        self.w = state[0] / 1000
+        self.training = state[1]
+
+
+def test_a_submodule_that_defines_getstate_is_counted_as_a_module() -> None:
+    """Only packed contexts (``__torch__.torch.classes.*``) are read through ``__getstate__``:
+    a module's state is its attributes, counted once each."""
+    module = torch.jit.script(nn.Sequential(SavesItsStateScaled()).eval())
+    assert tensor_bytes(module, ["forward"]) == 4 * 4
