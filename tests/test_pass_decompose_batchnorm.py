@@ -254,6 +254,20 @@ def test_subclassed_batchnorm_is_left_alone_with_the_reason() -> None:
     assert (result.rewrites, result.skips) == (0, {"BN subclass MyBN may override forward": 1})
 
 
+def test_a_refused_batchnorm_does_not_stop_the_ones_after_it() -> None:
+    # the first BN has a hook (left alone), the second is decomposed all the same
+    hooked = nn.BatchNorm2d(C)
+    hooked.register_forward_hook(lambda m, i, o: o.abs())
+    model = randomize_batchnorm(nn.Sequential(hooked, nn.Tanh(), nn.BatchNorm2d(C))).eval()
+    reference, x = copy.deepcopy(model), torch.randn(2, C, 3, 3)
+
+    gm, result = run(model, x, shapes=True)
+
+    assert (result.rewrites, result.skips) == (1, {"BatchNorm2d has forward hooks": 1})
+    assert count_batch_norms(gm) == 1
+    assert_equivalent(reference, gm, x)
+
+
 # --- end to end through the manager ------------------------------------------------------------
 
 

@@ -132,6 +132,8 @@ class FlattenThenLinear(nn.Module):
             x = self.flatten(x)
         elif self.how == "function":
             x = torch.flatten(x, 1)
+        elif self.how == "method":
+            x = x.flatten(1)
         elif self.how == "view":
             x = x.view(x.size(0), -1)
         elif self.how == "view_tuple":  # the sizes as one tuple: view(*args[1:][0])
@@ -144,7 +146,7 @@ class FlattenThenLinear(nn.Module):
 
 
 @pytest.mark.parametrize(
-    "how", ["module", "function", "view", "view_tuple", "reshape_list", "torch.reshape"]
+    "how", ["module", "function", "method", "view", "view_tuple", "reshape_list", "torch.reshape"]
 )
 def test_linear_after_flatten_folds_without_shapes(how: str) -> None:
     # flatten(x, 1) / view(n, -1) is 2-D, so the Linear's features are dim 1: provable.
@@ -156,6 +158,124 @@ def test_linear_after_flatten_folds_without_shapes(how: str) -> None:
     assert (result.rewrites, result.skips) == (1, {})
     assert count_modules(gm, nn.BatchNorm1d) == 0
     assert_equivalent(model, gm, x)
+
+
+class FlattenThenLinearCall(nn.Module):
+    """``bn(linear(flatten(x, 1)))`` with the linear called by keyword or as ``F.linear``."""
+
+    def __init__(self, call: str) -> None:
+        super().__init__()
+        self.call = call
+        self.fc = nn.Linear(12, 6)
+        self.bn = nn.BatchNorm1d(6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.flatten(x, 1)
+        if self.call == "module_keyword":
+            y = self.fc(input=x)
+        elif self.call == "function":
+            y = F.linear(x, self.fc.weight, self.fc.bias)
+        else:
+            y = F.linear(input=x, weight=self.fc.weight, bias=self.fc.bias)
+        return self.bn(y)
+
+
+@pytest.mark.parametrize("call", ["module_keyword", "function", "function_keyword"])
+def test_linear_called_by_keyword_or_functionally_after_flatten_folds_without_shapes(
+    call: str,
+) -> None:
+    # The rank proof follows the Linear's input however it is passed: flatten(x, 1) is 2-D.
+    model = randomize_batchnorm(FlattenThenLinearCall(call), seed=4).eval()
+    x = torch.randn(3, 3, 2, 2)
+
+    gm, result = fold(model, x, shapes=False)
+
+    assert (result.rewrites, result.skips) == (1, {})
+    assert count_modules(gm, nn.BatchNorm1d) == 0
+    assert_equivalent(model, gm, x)
+
+
+class UnprovenRankThenLinear(nn.Module):
+    """``bn(fc(f(x)))`` with ``f`` a call that proves no rank: every case gives ``[2, 6, 4]``,
+    then Linear -> ``[2, 6, 6]``, and BatchNorm1d(6) runs over dim 1, not the features."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.fc = nn.Linear(4, 6)
+        self.bn = nn.BatchNorm1d(6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.how == "transpose":  # [2, 4, 6]: a method call with ints, like view(n, -1)
+            x = x.transpose(1, 2)
+        elif self.how == "tile":  # [2, 3, 4]: two arguments, like torch.reshape(x, shape)
+            x = torch.tile(x, (2, 1))
+        elif self.how == "flatten_1_2":  # [2, 2, 3, 4]: flatten up to a dim that is not the last
+            x = torch.flatten(x, 1, 2)
+        else:  # [2, 6, 2, 2]: flatten from a dim counted from the end
+            x = torch.flatten(x, -2)
+        return self.bn(self.fc(x))
+
+
+UNPROVEN_INPUTS = {
+    "transpose": (2, 4, 6),
+    "tile": (2, 3, 4),
+    "flatten_1_2": (2, 2, 3, 4),
+    "flatten_from_-2": (2, 6, 2, 2),
+}
+
+
+@pytest.mark.parametrize("shapes", [False, True], ids=["no_shapes", "shapes"])
+@pytest.mark.parametrize("how", list(UNPROVEN_INPUTS))
+def test_linear_after_a_call_that_proves_no_rank_is_not_guessed(how: str, shapes: bool) -> None:
+    # Only flatten(x, start >= 0) to the last dim and view/reshape prove a rank. Taking these for
+    # a 2-D input would fold the BN's dim-1 scale into the Linear's features.
+    model = randomize_batchnorm(UnprovenRankThenLinear(how), seed=26).eval()
+    x = torch.randn(*UNPROVEN_INPUTS[how])
+
+    gm, result = fold(model, x, shapes=shapes)
+
+    reason = "Linear output is 3-D: BN normalizes dim 1, not its channels" if shapes else UNKNOWN
+    assert (result.rewrites, result.skips) == (0, {reason: 1})
+    assert count_modules(gm, nn.BatchNorm1d) == 1
+    assert_equivalent(model, gm, x)
+
+
+def linear_of_a_literal() -> fx.GraphModule:
+    """``F.batch_norm(F.linear(<a tensor literal>, w, b), mean, var) + x``, written by hand:
+    torch.fx allows a tensor as an argument itself, which tracing would make a get_attr. (Its
+    generated code cannot print the literal: such a graph runs through ``fx.Interpreter``.)"""
+    gen = torch.Generator().manual_seed(27)
+    root = nn.Module()
+    for name, shape in (("w", (6, 4)), ("b", (6,)), ("mean", (6,))):
+        root.register_buffer(name, torch.randn(*shape, generator=gen))
+    root.register_buffer("var", torch.rand(6, generator=gen) + 0.1)
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    literal = torch.randn(2, 4, generator=gen)
+    y = graph.call_function(F.linear, (literal, graph.get_attr("w"), graph.get_attr("b")))
+    mean, var = graph.get_attr("mean"), graph.get_attr("var")
+    bn = graph.call_function(F.batch_norm, (y, mean, var), {"training": False, "eps": 1e-5})
+    graph.output(graph.call_function(torch.add, (bn, x)))
+    return fx.GraphModule(root, graph)
+
+
+@pytest.mark.parametrize("shapes", [False, True], ids=["no_shapes", "shapes"])
+def test_linear_of_a_literal_tensor_is_folded_only_with_shapes(shapes: bool) -> None:
+    # Without shapes there is no node to follow to prove the literal's rank.
+    gm = linear_of_a_literal()
+    reference = copy.deepcopy(gm)
+    x = torch.randn(2, 6)
+    if shapes:
+        ShapeProp(gm).propagate(x)
+
+    result = FoldBatchNorm().call(gm, FxContext())
+    gm.graph.lint()
+    gm.recompile()
+
+    assert (result.rewrites, result.skips) == ((1, {}) if shapes else (0, {UNKNOWN: 1}))
+    assert count_calls(gm, F.batch_norm) == (0 if shapes else 1)
+    assert_equivalent(fx.Interpreter(reference).run, fx.Interpreter(gm).run, x)
 
 
 class FlattenFromDim2(nn.Module):
@@ -182,7 +302,7 @@ def test_linear_after_flatten_from_dim_2_is_proven_3d() -> None:
 
 class LinearAfterView(nn.Module):
     """``bn(fc(x.view(size)))`` with one argument to ``view``: a single size, a whole shape or a
-    dtype."""
+    dtype; or ``bn(fc(x.flatten()))``, flattened from dim 0."""
 
     def __init__(self, how: str) -> None:
         super().__init__()
@@ -193,6 +313,10 @@ class LinearAfterView(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.how == "one size":
             x = x.view(-1)
+        elif self.how == "flatten":
+            x = torch.flatten(x)  # start_dim defaults to 0: 1-D
+        elif self.how == "flatten method":
+            x = x.flatten()
         elif self.how == "a shape":
             x = x.view(x.shape)  # a node holding a whole torch.Size
         else:
@@ -214,10 +338,12 @@ def test_a_view_to_a_shape_or_a_dtype_proves_no_rank(how: str) -> None:
     assert torch.equal(gm(x), model(x))  # left alone (a float64 reference would view(float32))
 
 
-def test_a_view_to_one_size_is_refused_as_1d() -> None:
-    # view(-1) flattens the batch too: the Linear's output is 1-D, which no BatchNorm takes. The
-    # reason says so (the model cannot run), rather than asking for example inputs.
-    model = randomize_batchnorm(LinearAfterView("one size"), seed=4).eval()
+@pytest.mark.parametrize("how", ["one size", "flatten", "flatten method"])
+def test_a_view_or_flatten_to_one_dim_is_refused_as_1d(how: str) -> None:
+    # view(-1) and flatten() (start_dim 0) flatten the batch too: the Linear's output is 1-D,
+    # which no BatchNorm takes. The reason says so (the model cannot run), rather than asking for
+    # example inputs.
+    model = randomize_batchnorm(LinearAfterView(how), seed=4).eval()
     with pytest.raises(ValueError, match="expected 2D or 3D input"):
         model(torch.randn(4))
 
@@ -520,6 +646,33 @@ def test_linear_without_shapes_is_not_guessed() -> None:
     assert count_modules(gm, nn.BatchNorm1d) == 1
 
 
+@pytest.mark.parametrize("shapes", [False, True], ids=["no_shapes", "shapes"])
+def test_linear_before_a_batchnorm_of_any_rank_folds_only_with_shapes(shapes: bool) -> None:
+    # SyncBatchNorm takes any rank and a Linear gives any rank: nothing narrows it down.
+    model = eval_model(nn.Linear(5, 6), nn.SyncBatchNorm(6), seed=28)
+    x = torch.randn(4, 5)
+
+    gm, result = fold(model, x, shapes=shapes)
+
+    assert (result.rewrites, result.skips) == ((1, {}) if shapes else (0, {UNKNOWN: 1}))
+    assert count_modules(gm, nn.SyncBatchNorm) == (0 if shapes else 1)
+    assert_equivalent(model, gm, x)
+
+
+def test_conv_before_a_batchnorm_that_takes_no_rank_it_gives_is_refused() -> None:
+    # Conv1d gives 2-D or 3-D, BatchNorm2d takes only 4-D: the model cannot run, and the reason
+    # says that no rank fits rather than asking for example inputs.
+    model = eval_model(nn.Conv1d(3, 4, 3), nn.BatchNorm2d(4), seed=29)
+    with pytest.raises(ValueError, match="expected 4D input"):
+        model(torch.randn(2, 3, 6))
+
+    gm, result = fold(model, shapes=False)
+
+    reason = "Conv1d output is ?-D: BN normalizes dim 1, not its channels"
+    assert (result.rewrites, result.skips) == (0, {reason: 1})
+    assert count_modules(gm, nn.BatchNorm2d) == 1
+
+
 def test_linear_before_batchnorm2d_is_refused_without_shapes() -> None:
     # BatchNorm2d forces a 4-D Linear output, whose features are dim 3, never dim 1.
     model = eval_model(nn.Linear(4, 3), nn.BatchNorm2d(3), seed=16)
@@ -591,6 +744,76 @@ def test_shared_conv_is_never_mutated(bn_at_both: bool) -> None:
     targets = [n.target for n in gm.graph.nodes if n.op == "call_module"]
     if not bn_at_both:  # the plain site still calls the untouched module
         assert targets[:2] == ["conv_bn_folded", "conv"] and gm.conv is shared
+    assert_equivalent(model, gm, x)
+
+
+def test_conv_called_once_is_replaced_at_its_own_path() -> None:
+    # Nothing else reaches the conv: the folded conv takes its place and name, no copy is kept.
+    model = eval_model(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), seed=23)
+    x = spatial_input(3, 2)
+
+    gm, result = fold(model, x)
+
+    assert (result.rewrites, result.skips) == (1, {})
+    assert [n.target for n in gm.graph.nodes if n.op == "call_module"] == ["0"]
+    assert [name for name, _ in gm.named_modules()] == ["", "0"]
+    folded, original = only_producer(gm, nn.Conv2d), model[0]
+    assert isinstance(folded, nn.Conv2d) and isinstance(original, nn.Conv2d)
+    assert not torch.equal(folded.weight, original.weight)  # the folded one, not a copy
+    assert_equivalent(model, gm, x)
+
+
+class ReadsConvTensor(nn.Module):
+    """``bn(conv(x))`` scaled by a statistic of the conv's own weight or bias (a get_attr)."""
+
+    def __init__(self, tensor: str) -> None:
+        super().__init__()
+        self.tensor = tensor
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.conv(x)) * getattr(self.conv, self.tensor).abs().mean()
+
+
+@pytest.mark.parametrize("tensor", ["weight", "bias"])
+def test_conv_whose_tensor_is_also_read_keeps_it_unfolded(tensor: str) -> None:
+    # ``conv.weight`` read by get_attr must still see the conv's own weight, not the folded one.
+    model = randomize_batchnorm(ReadsConvTensor(tensor), seed=24).eval()
+    x = spatial_input(3, 2)
+
+    gm, result = fold(model, x)
+
+    assert (result.rewrites, result.skips) == (1, {})
+    assert [n.target for n in gm.graph.nodes if n.op == "call_module"] == ["conv_bn_folded"]
+    assert torch.equal(getattr(gm.conv, tensor), getattr(model.conv, tensor))
+    assert_equivalent(model, gm, x)
+
+
+class ThreeSites(nn.Module):
+    """One conv called at three sites, each followed by a BatchNorm of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bns = nn.ModuleList(nn.BatchNorm2d(4) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(bn(self.conv(x + i)) for i, bn in enumerate(self.bns))
+
+
+def test_each_fold_of_a_conv_shared_by_three_batchnorms_gets_its_own_module() -> None:
+    # The first two folds are installed beside the shared conv (it is still called after them),
+    # each under a fresh name: a second "conv_bn_folded" would replace the first site's module.
+    model = randomize_batchnorm(ThreeSites(), seed=25).eval()
+    x = spatial_input(3, 2)
+
+    gm, result = fold(model, x)
+
+    assert (result.rewrites, result.skips) == (3, {})
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_module"]
+    assert targets == ["conv_bn_folded", "conv_bn_folded_1", "conv"]
+    assert count_modules(gm, nn.BatchNorm2d) == 0
     assert_equivalent(model, gm, x)
 
 
@@ -727,6 +950,17 @@ def test_refusals_leave_the_graph_alone(make: Callable[[], nn.Module], reason: s
     assert sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in gm.modules()) == 1
     if reason != "BN in training mode":  # a training BN would update its stats
         assert_equivalent(model, gm, x)
+
+
+def test_a_refused_batchnorm_does_not_stop_the_folds_after_it() -> None:
+    model = eval_model(nn.Conv2d(3, 4, 1), MyBN(4), nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4), seed=30)
+    x = spatial_input(3, 2)
+
+    gm, result = fold(model, x, leaves=(MyBN,))
+
+    assert (result.rewrites, result.skips) == (1, {"BN subclass MyBN may override forward": 1})
+    assert count_modules(gm, MyBN) == 1 and count_modules(gm, nn.BatchNorm2d) == 0
+    assert_equivalent(model, gm, x)
 
 
 def test_traced_through_conv_subclass_is_judged_by_its_body() -> None:
