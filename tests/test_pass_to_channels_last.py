@@ -14,7 +14,9 @@ from fxmobile.infra import PassResult
 from fxmobile.passes.stage import FxContext
 from fxmobile.passes.to_channels_last import (
     BREAKS,
+    HOOKED,
     NO_SHAPES,
+    RESHAPED_WRITE,
     STRIDES,
     UNCHECKED,
     ToChannelsLast,
@@ -30,11 +32,12 @@ from tests.helpers import (
 CL = torch.channels_last
 
 
-def _run(model: nn.Module, *inputs: torch.Tensor) -> tuple[fx.GraphModule, PassResult]:
+def _run(model: nn.Module, *inputs: object) -> tuple[fx.GraphModule, PassResult]:
     gm = fx.symbolic_trace(copy.deepcopy(model))
     if inputs:
         ShapeProp(gm).propagate(*inputs)
     result = ToChannelsLast().call(gm, FxContext())
+    assert result.unit is gm  # rewritten in place, or declined: the same module either way
     gm.graph.lint()
     gm.recompile()
     return gm, result
@@ -160,7 +163,7 @@ class PlainTensorWeight(nn.Module):
         self.conv.k = torch.randn(4, 4, 3, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.conv2d(self.conv(x), self.conv.k, padding=1)
+        return F.conv2d(self.conv(x), vars(self.conv)["k"], padding=1)
 
 
 def test_a_plain_tensor_attribute_goes_channels_last_in_place_of_the_old() -> None:
@@ -169,9 +172,9 @@ def test_a_plain_tensor_attribute_goes_channels_last_in_place_of_the_old() -> No
     x = torch.randn(2, 3, 8, 8)
     gm, result = _run(model, x)
     assert result.rewrites == 4  # entry + conv.weight + conv.k + output restore
-    conv = gm.get_submodule("conv")
-    assert "k" in vars(conv) and conv.k.is_contiguous(memory_format=CL)
-    assert model.conv.k.is_contiguous()
+    k = vars(gm.get_submodule("conv"))["k"]  # still a plain attribute
+    assert k.is_contiguous(memory_format=CL)
+    assert vars(model.conv)["k"].is_contiguous()
     with torch.no_grad():  # float32 only: .double() leaves a plain tensor attribute as it is
         torch.testing.assert_close(gm(x), model(x))
 
@@ -258,6 +261,7 @@ def test_view_that_would_break_declines_and_undoes_everything() -> None:
     ShapeProp(gm).propagate(x)
     code, weight = gm.code, _weight(gm, "conv")
     result = ToChannelsLast().call(gm, FxContext())
+    assert result.unit is gm
     gm.graph.lint()
     gm.recompile()
     assert result.rewrites == 0 and result.skips == {BREAKS: 1}
@@ -299,6 +303,7 @@ def test_graph_that_cannot_be_checked_is_left_alone() -> None:
     ShapeProp(gm).propagate(x)
     code = gm.code
     result = ToChannelsLast().call(gm, FxContext())
+    assert result.unit is gm
     gm.recompile()
     assert result.rewrites == 0 and result.skips == {UNCHECKED: 1}
     assert gm.code == code and _weight(gm, "conv").is_contiguous()
@@ -318,3 +323,370 @@ def test_end_to_end_through_the_pass_manager() -> None:
     assert_equivalent(model, gm, x)
     for _ in range(2):  # runs more than once, same values (pytorch/pytorch#52463)
         assert_equivalent(model, gm, x)
+
+
+def test_a_frozen_conv_weight_stays_frozen() -> None:
+    """The new channels-last parameter keeps the old one's ``requires_grad``: a frozen backbone
+    must not come back trainable."""
+    model = ConvNet(nn.Conv2d, 1).eval()
+    model.conv1.weight.requires_grad_(False)
+    gm, result = _run(model, torch.randn(1, 3, 8, 8))
+    assert result.rewrites == 4
+    assert _weight(gm, "conv1").is_contiguous(memory_format=CL)
+    assert not _weight(gm, "conv1").requires_grad
+    assert _weight(gm, "conv2").requires_grad
+
+
+class ArithmeticForms(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.pos, self.gain, self.shift, self.floor, self.ceil = (
+            nn.Parameter(torch.randn(1, 4, 8, 8)) for _ in range(5)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x).add(self.pos).mul(self.gain)  # methods
+        y = self.shift - y * torch.sigmoid(y)  # constant first; two activations
+        return torch.minimum(y.maximum(self.floor), self.ceil)  # not arithmetic
+
+
+def test_constants_of_every_arithmetic_form_go_channels_last_and_of_other_ops_do_not() -> None:
+    """``y.add(c)`` / ``y.mul(c)`` (methods) and ``c - y`` (the constant first) are arithmetic
+    as ``y + c`` is: their 4-D constants go channels-last. Arithmetic between two activations
+    has no constant to convert. Only the four arithmetic ops are meant: the constants of
+    ``y.maximum(c)`` and ``torch.minimum(y, c)`` are left as they were."""
+    torch.manual_seed(0)
+    model = ArithmeticForms().eval()
+    x = torch.randn(2, 3, 8, 8)
+    gm, result = _run(model, x)
+    assert result.rewrites == 6  # entry + conv.weight + pos + gain + shift + output restore
+    for name in ("pos", "gain", "shift"):
+        assert gm.get_parameter(name).is_contiguous(memory_format=CL), name
+    for name in ("floor", "ceil"):
+        t = gm.get_parameter(name)
+        assert t.is_contiguous() and not t.is_contiguous(memory_format=CL), name
+    assert_equivalent(model, gm, x)
+
+
+class StandardizedWeight(nn.Module):
+    """timm's StdConv2d: the functional conv's weight is computed in forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 3, 3, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.w - self.w.mean((1, 2, 3), keepdim=True)
+        return F.conv2d(x, w, padding=1)
+
+
+def test_a_conv_weight_computed_in_forward_is_left_as_it_is() -> None:
+    """Only a stored weight (``get_attr``) can be stored channels-last; a computed one is
+    passed over, the input is still converted."""
+    torch.manual_seed(0)
+    model = StandardizedWeight().eval()
+    x = torch.randn(2, 3, 8, 8)
+    gm, result = _run(model, x)
+    assert result.rewrites == 2 and result.skips == {}  # entry + output restore
+    assert _entries(gm) == 1
+    assert gm.get_parameter("w").is_contiguous()
+    assert_equivalent(model, gm, x)
+
+
+class IgnoresAnInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor, unused: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+def test_an_unused_input_says_so() -> None:
+    """Said unused, not that it reaches no conv; the other input is still converted."""
+    x = torch.randn(2, 3, 8, 8)
+    gm, result = _run(IgnoresAnInput().eval(), x, x.clone())
+    assert result.rewrites == 3 and result.skips == {"input is unused": 1}
+    assert _entries(gm) == 1
+
+
+class TupleInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor, pair: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return self.conv(x) * pair[0] + pair[1]
+
+
+def test_a_tuple_input_is_no_tensor_and_leaves_the_graph_unchecked() -> None:
+    """A tuple of tensors is one input that is no tensor. The fake-tensor check builds inputs
+    from tensor metadata or a default value only, so it cannot run this graph and the pass
+    declines (today's limitation: any non-tensor input without a default does this)."""
+    torch.manual_seed(0)
+    model = TupleInput().eval()
+    x, pair = torch.randn(2, 3, 8, 8), (torch.randn(2, 4, 8, 8), torch.randn(2, 4, 8, 8))
+    gm, result = _run(model, x, pair)
+    assert result.rewrites == 0
+    assert result.skips == {"input is not a tensor": 1, UNCHECKED: 1}
+    assert count_calls(gm, "contiguous") == 0 and _weight(gm, "conv").is_contiguous()
+    assert_equivalent(model, gm, x, pair)
+
+
+class WritesItsInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        x.mul_(2)  # the caller's tensor
+        return y
+
+
+def test_an_input_written_in_place_stays_the_callers_tensor() -> None:
+    """A converted input is a copy: the forward's write would land on it and no longer reach
+    the caller's tensor. Such an input is left as it is."""
+    torch.manual_seed(0)
+    model = WritesItsInput().eval()
+    x = torch.randn(2, 3, 8, 8)
+    gm, result = _run(model, x.clone())
+    assert result.rewrites == 0
+    assert result.skips == {"input is written in place by forward": 1}
+    eager_x, got_x = x.clone(), x.clone()
+    with torch.no_grad():
+        torch.testing.assert_close(gm(got_x), model(eager_x))
+    assert torch.equal(got_x, eager_x) and torch.equal(got_x, x * 2)
+
+
+class ConstantAlsoReturned(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 3, 3, 3))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return F.conv2d(x, weight=self.w, padding=1), self.w * 2  # weight by keyword
+
+
+class SharedConv(nn.Module):
+    """One conv called on the converted input and on a value the input does not reach (``z``
+    is 3-D: not converted). Its new weight makes the second call's output channels-last too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Linear(8, 2)
+
+    def forward(
+        self, x: torch.Tensor, z: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.conv(x), self.conv(z.unsqueeze(0)), self.head(z)
+
+
+@pytest.mark.parametrize(
+    ("model", "inputs", "restores", "skips"),
+    [
+        (ConstantAlsoReturned(), (torch.randn(2, 3, 8, 8),), 2, {}),
+        (
+            SharedConv(),
+            (torch.randn(2, 3, 8, 8), torch.randn(3, 8, 8)),
+            2,
+            {"input is not a 4-D tensor": 1},
+        ),
+    ],
+    ids=["constant_read_again", "conv_called_again"],
+)
+def test_values_a_converted_tensor_reaches_keep_eager_output_strides(
+    model: nn.Module, inputs: tuple[torch.Tensor, ...], restores: int, skips: dict[str, int]
+) -> None:
+    """The layout change spreads from converted tensors too, not only from the input: a
+    converted constant read again (``w * 2``) and a conv whose new weight serves a call the input
+    does not reach both give channels-last values. Those outputs are restored to eager's
+    contiguous strides; an output nothing converted reaches (``head(z)``) is left alone."""
+    torch.manual_seed(0)
+    model.eval()
+    gm, result = _run(model, *inputs)
+    assert _restores(gm) == restores
+    assert result.rewrites == 1 + 1 + restores  # entry + the weight + restores
+    assert result.skips == skips
+    for i, out in enumerate(gm(*inputs)):
+        assert out.is_contiguous(), i
+    assert_equivalent(model, gm, *inputs)
+
+
+class ReadsConstantStrides(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 3, 3, 3))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        return F.conv2d(x, self.w, padding=1), self.w.is_contiguous()
+
+
+class ReadsSharedConvStrides(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        return self.conv(x), self.conv(z.unsqueeze(0)).is_contiguous()
+
+
+@pytest.mark.parametrize(
+    ("model", "inputs", "skips"),
+    [
+        (ReadsConstantStrides(), (torch.randn(2, 3, 8, 8),), {STRIDES: 1}),
+        (
+            ReadsSharedConvStrides(),
+            (torch.randn(2, 3, 8, 8), torch.randn(3, 8, 8)),
+            {"input is not a 4-D tensor": 1, STRIDES: 1},
+        ),
+    ],
+    ids=["constant", "conv_called_again"],
+)
+def test_stride_reads_on_values_only_a_converted_tensor_reaches_decline(
+    model: nn.Module, inputs: tuple[torch.Tensor, ...], skips: dict[str, int]
+) -> None:
+    """A stride read downstream of a converted weight, not of the input, would change its
+    answer (``is_contiguous()`` True in eager, False once the weight is channels-last): the
+    pass declines."""
+    model.eval()
+    gm, result = _run(model, *inputs)
+    assert result.rewrites == 0 and result.skips == skips
+    assert count_calls(gm, "contiguous") == 0
+    assert gm(*inputs)[1] is True
+
+
+class WritesThroughFlattenModule(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.flatten = nn.Flatten()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        self.flatten(y).mul_(2)  # a view of y in NCHW: doubles y; a copy once channels-last
+        return y
+
+
+def test_a_write_through_an_nn_flatten_module_declines() -> None:
+    """``nn.Flatten`` is ``torch.flatten``: a view of an NCHW tensor, a copy of a channels-last
+    one, so the write would stop reaching ``y`` (the module would return y, not 2 * y)."""
+    torch.manual_seed(0)
+    model = WritesThroughFlattenModule().eval()
+    x = torch.randn(2, 3, 8, 8)
+    gm, result = _run(model, x)
+    assert result.rewrites == 0 and result.skips == {RESHAPED_WRITE: 1}
+    assert count_calls(gm, "contiguous") == 0
+    assert_equivalent(model, gm, x)
+
+
+class SeveralOutputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[object, ...]:
+        y = self.conv(x)
+        return y.size(1), y.mean((1, 2, 3)), y.permute(0, 2, 3, 1), y[0, 0], y
+
+
+def test_only_outputs_eager_returned_contiguous_with_two_dims_or_more_are_restored() -> None:
+    """Every output is looked at, whatever comes before it: an int (``size``), a 1-D tensor
+    (always contiguous), an output eager itself returned non-contiguous (``permute``) get
+    nothing; a 2-D channel map (``y[0, 0]``: strided once y is channels-last) and the 4-D map
+    get ``.contiguous()``."""
+    torch.manual_seed(0)
+    model = SeveralOutputs().eval()
+    x = torch.randn(2, 3, 8, 8)
+    gm, result = _run(model, x)
+    assert _restores(gm) == 2
+    assert result.rewrites == 4  # entry + conv.weight + 2 restores
+    out = gm(x)
+    assert out[3].is_contiguous() and out[4].is_contiguous()
+    assert_equivalent(model, gm, x)
+
+
+def test_a_float64_model_is_checked_with_float64_inputs() -> None:
+    """The fake-tensor check builds inputs of the example inputs' dtype: float32 stand-ins
+    would fail against float64 weights and the pass would decline a model it handles."""
+    torch.manual_seed(0)
+    model = randomize_batchnorm(ConvNet(nn.Conv2d, 1)).double().eval()
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    gm, result = _run(model, x)
+    assert result.rewrites == 4 and result.skips == {}
+    assert _weight(gm, "conv1").dtype == torch.float64
+    assert _weight(gm, "conv1").is_contiguous(memory_format=CL)
+    assert_equivalent(model, gm, x)
+
+
+class ScaledConv(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor, scale: float = 2.0) -> torch.Tensor:
+        return self.conv(x) * scale
+
+
+def test_a_parameter_left_to_its_default_value_is_checked_with_it() -> None:
+    """``forward(x, scale=2.0)`` called with ``x`` only: the check runs the graph with the
+    default, as the caller's call will."""
+    torch.manual_seed(0)
+    model = ScaledConv().eval()
+    x = torch.randn(2, 3, 8, 8)
+    gm, result = _run(model, x)
+    assert result.rewrites == 3  # entry + conv.weight + output restore
+    assert result.skips == {"input is not a tensor": 1}
+    assert_equivalent(model, gm, x)
+
+
+class ScaleByMap(nn.Module):
+    """A user's module kept as a leaf: its 4-D ``weight`` is no conv weight, and what its
+    forward does with it is not seen by the pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(1, 4, 8, 8))
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        return y * self.weight
+
+
+class _ScaleByMapLeafTracer(fx.Tracer):
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return isinstance(m, ScaleByMap) or super().is_leaf_module(m, module_qualified_name)
+
+
+def test_the_weight_of_a_leaf_module_that_is_no_conv_is_left_alone() -> None:
+    """Only ``nn.Conv2d`` / ``nn.ConvTranspose2d`` weights are stored channels-last: those are
+    known to be read as conv weights only. A leaf module's ``weight`` keeps its layout."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), ScaleByMap()).eval()
+    x = torch.randn(2, 3, 8, 8)
+    copied = copy.deepcopy(model)
+    gm = fx.GraphModule(copied, _ScaleByMapLeafTracer().trace(copied))
+    assert count_modules(gm, ScaleByMap) == 1
+    ShapeProp(gm).propagate(x)
+    result = ToChannelsLast().call(gm, FxContext())
+    gm.recompile()
+    assert result.rewrites == 3 and result.skips == {}  # entry + conv weight + output restore
+    assert _weight(gm, "0").is_contiguous(memory_format=CL)
+    assert _weight(gm, "1").is_contiguous()
+    assert_equivalent(model, gm, x)
+
+
+def test_a_module_with_hooks_declines_and_its_hook_sees_eager_layout() -> None:
+    """A hook kept on a module the change reaches would see channels-last tensors: the pass
+    declines, and the hook sees what it saw in eager."""
+    seen: list[bool] = []
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU()).eval()
+    model[1].register_forward_hook(lambda m, args, out: seen.append(out.is_contiguous()))
+    x = torch.randn(2, 3, 8, 8)
+    gm, result = _run(model, x)
+    assert result.rewrites == 0 and result.skips == {HOOKED: 1}
+    assert count_calls(gm, "contiguous") == 0 and _weight(gm, "0").is_contiguous()
+    seen.clear()
+    assert torch.equal(gm(x), model(x))
+    assert seen == [True, True]
