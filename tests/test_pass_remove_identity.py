@@ -58,19 +58,75 @@ def test_neutral_arithmetic_needs_shapes() -> None:
     assert skips == {"input dtype unknown (pass example_inputs)": 9}
 
 
-@pytest.mark.parametrize("dtype", [torch.bool, torch.int32])
+RETURNED = "x or the result is written in place, or returned (x + 0 is a copy)"
+PROMOTING_SKIPS = {
+    # bool: every scalar promotes; `* 1` of the float sum is returned, so it stays a copy
+    torch.bool: {"scalar would promote torch.bool": 3, RETURNED: 1},
+    torch.int32: {
+        "scalar would promote torch.int32": 1,  # x + 0.0
+        RETURNED: 1,  # (x + 0.0) * 1
+        "integer true division changes dtype": 2,  # x / 1, x.div(1)
+    },
+}
+
+
+@pytest.mark.parametrize("dtype", list(PROMOTING_SKIPS))
 def test_promoting_forms_are_kept(dtype: torch.dtype) -> None:
     class M(nn.Module):
-        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return (x + 0.0) * 1, x / 1
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return (x + 0.0) * 1, x / 1, x.div(1)
 
     x = torch.ones(3, dtype=dtype)
-    gm, _, skips = _run(M(), x)
-    a, b = gm(x)
-    ref_a, ref_b = M()(x)
-    assert a.dtype == ref_a.dtype and b.dtype == ref_b.dtype
-    assert torch.equal(a, ref_a) and torch.equal(b, ref_b)
-    assert skips
+    gm, rewrites, skips = _run(M(), x)
+    for got, expected in zip(gm(x), M()(x), strict=True):
+        assert got.dtype == expected.dtype and torch.equal(got, expected)
+    assert (rewrites, skips) == (0, PROMOTING_SKIPS[dtype])
+
+
+class ZeroTimesAlpha(nn.Module):
+    def __init__(self, alpha: float) -> None:
+        super().__init__()
+        self.alpha = alpha
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.add(x, 0, alpha=self.alpha)
+        y = torch.sub(y, 0, alpha=self.alpha)
+        return y.add(0, alpha=self.alpha) * 2
+
+
+def test_an_add_of_zero_with_a_finite_alpha_is_removed() -> None:
+    x = torch.randn(4)
+    gm, rewrites, skips = _run(ZeroTimesAlpha(3.0), x)
+    assert (rewrites, skips) == (3, {})
+    assert_equivalent(ZeroTimesAlpha(3.0), gm, x)
+
+
+@pytest.mark.parametrize("alpha", [float("inf"), float("nan")])
+def test_regression_an_add_of_zero_with_an_infinite_alpha_is_kept(alpha: float) -> None:
+    """``x + inf * 0`` is nan, not x: the pass removed it, and the module returned finite
+    values where eager returned nan (the gate caught it; with ``check="off"`` it was handed
+    back). Found by the full mutation run (the "alpha" keyword's name mutated survived)."""
+    model = ZeroTimesAlpha(alpha)
+    x = torch.randn(4)
+    gm, rewrites, skips = _run(model, x)
+    assert (rewrites, skips) == (0, {"alpha is not a finite number (x + inf * 0 is nan)": 3})
+    assert bool(gm(x).isnan().all()) and bool(model(x).isnan().all())
+
+
+class KeywordIdentity(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.identity = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.identity(input=x) * 2
+
+
+def test_an_identity_called_by_keyword_is_left_as_it_is() -> None:
+    x = torch.randn(3)
+    gm, rewrites, skips = _run(KeywordIdentity(), x)
+    assert (rewrites, skips) == (0, {})
+    assert_equivalent(KeywordIdentity(), gm, x)
 
 
 def test_non_neutral_and_rounding_division_kept() -> None:

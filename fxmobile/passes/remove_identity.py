@@ -15,6 +15,7 @@ and without it ``relu_`` would write to ``x`` (found by the differential fuzzer)
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any, ClassVar
 
@@ -69,6 +70,9 @@ def _neutral_operand(node: fx.Node) -> fx.Node | str | None:
         tensor, scalar = b, a
     else:
         return None
+    alpha = node.kwargs.get("alpha", 1)
+    if not isinstance(alpha, int | float) or not math.isfinite(alpha):
+        return "alpha is not a finite number (x + inf * 0 is nan)"
     meta = tensor_meta(tensor)
     if meta is None:
         return "input dtype unknown (pass example_inputs)"
