@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+import fxmobile
 from fxmobile.passes.remove_dropout import RemoveDropout
 from fxmobile.passes.stage import FxContext
 from tests.helpers import assert_equivalent, count_calls, count_modules
@@ -222,3 +223,92 @@ def test_nothing_to_do_reports_unmodified() -> None:
     gm = fx.symbolic_trace(nn.Sequential(nn.Linear(2, 2)).eval())
     result = RemoveDropout().call(gm, FxContext())
     assert result.rewrites == 0 and not result.modified and result.skips == {}
+
+
+class ScalesInEval(nn.Dropout):
+    """A dropout subclass whose forward does more, and does not trace (a branch on a value)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if input.sum() > 0:
+            return input * 3
+        return input
+
+
+class SubclassedDropout(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.drop = ScalesInEval()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.lin(x))
+
+
+def test_regression_a_dropout_subclass_overriding_forward_is_kept() -> None:
+    """torch.fx cannot trace into ``ScalesInEval``, so capture keeps it a module call, and the
+    pass took any instance of nn.Dropout for a dropout: the module returned ``lin(x)`` where
+    eager returned ``3 * lin(x)``. Found reading the full mutation run's survivors (the
+    why_customized branch was never taken)."""
+    model = SubclassedDropout().eval()
+    x = torch.ones(2, 3) * 5
+    result = fxmobile.optimize_fx(model, (x,), check="off")
+    assert count_modules(result.graph_module, ScalesInEval) == 1
+    assert result.report.record("remove_dropout").skips == {
+        "ScalesInEval overrides Dropout.forward": 1
+    }
+    assert_equivalent(model, result.graph_module, x)
+
+
+class KeptThenRemovable(nn.Module):
+    """One dropout of each kind the pass keeps, each followed by one it removes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.training_mode, self.hooked = nn.Dropout(0.5), nn.Dropout(0.5)
+        self.plain = nn.ModuleList(nn.Dropout(0.5) for _ in range(3))
+        self.hooked.register_forward_hook(lambda module, args, out: out * 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.plain[0](self.training_mode(x))
+        y = self.plain[1](self.hooked(y))
+        y = F.dropout(F.dropout(y, 0.5), 0.5, training=False)
+        return self.plain[2](self.drop_input_by_keyword(y))
+
+    def drop_input_by_keyword(self, y: torch.Tensor) -> torch.Tensor:
+        return torch.dropout(y, 0.0, train=True) + self.plain[2](input=y)
+
+
+def test_a_kept_dropout_does_not_stop_the_pass_and_each_says_why() -> None:
+    model = KeptThenRemovable().eval()
+    model.training_mode.train()
+    gm, rewrites, skips = _run(model)
+    # removed: plain[0], plain[1], the training=False call, torch.dropout(p=0), both plain[2]
+    assert rewrites == 6
+    assert skips == {
+        "dropout module in training mode": 1,
+        "Dropout has forward hooks": 1,
+        "functional dropout with training not constant False": 1,
+    }
+    assert count_modules(gm, nn.Dropout) == 2
+    x = torch.randn(2, 3)
+    with torch.random.fork_rng(), torch.no_grad():  # the kept ones draw: the same draws
+        torch.manual_seed(0)
+        expected = model(x)
+        torch.manual_seed(0)
+        assert torch.equal(gm(x), expected)
+
+
+def test_a_dropout_of_a_tensor_literal_is_kept_and_the_pass_goes_on() -> None:
+    """torch.fx allows a tensor as an argument itself (a graph built by hand): no node to route
+    the users to, so that dropout stays; the one after it still goes."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    kept = graph.call_function(F.dropout, (torch.ones(3),), {"p": 0.5, "training": False})
+    removed = graph.call_function(F.dropout, (x,), {"p": 0.5, "training": False})
+    graph.output(graph.call_function(torch.add, (kept, removed)))
+    gm = fx.GraphModule(nn.Module(), graph)
+    result = RemoveDropout().call(gm, FxContext())
+    assert (result.rewrites, result.skips) == (1, {"dropout input is not a tensor node": 1})
+    assert count_calls(gm, F.dropout) == 1
+    x_value = torch.randn(3)
+    assert torch.equal(fx.Interpreter(gm).run(x_value), x_value + 1)

@@ -62,6 +62,15 @@ def _training_arg(node: fx.Node, position: int, keyword: str, default: bool) -> 
     return node.kwargs.get(keyword, default)
 
 
+def _overrides_forward(module: nn.Module) -> str | None:
+    """Why a subclass of a dropout module is no dropout: its class replaces ``forward`` (it is
+    in the graph as a module call when torch.fx could not trace into it), or None."""
+    for base in DROPOUT_MODULES:
+        if isinstance(module, base) and type(module).forward is not base.forward:
+            return f"{type(module).__name__} overrides {base.__name__}.forward"
+    return None
+
+
 def _never_drops(p: Any) -> bool:
     """``p`` is the constant 0 (every dropout function takes ``p`` second, default 0.5)."""
     return isinstance(p, int | float) and not isinstance(p, bool) and p == 0
@@ -71,7 +80,8 @@ class RemoveDropout(FxPass):
     """Remove every dropout that is the identity (eval mode, ``training=False`` or ``p == 0``).
 
     Leaves one that may drop: a module in training mode, a functional call whose ``training`` is
-    not the constant False; and a module with hooks.
+    not the constant False; and a module that may do more: one with hooks, or of a subclass
+    that overrides ``forward``.
     """
 
     optimization = MobileOptimizerType.REMOVE_DROPOUT
@@ -88,7 +98,7 @@ class RemoveDropout(FxPass):
                 if module.training and not _never_drops(module.p):
                     skips.add("dropout module in training mode")
                     continue
-                customized = why_customized(module)
+                customized = why_customized(module) or _overrides_forward(module)
                 if customized:
                     skips.add(customized)
                     continue
