@@ -1192,3 +1192,42 @@ def test_guard_refuses_writes_to_constants_passed_by_keyword() -> None:
     with pytest.raises(NotConstantError, match=MUTATES), ConstantGuard(storages(protected)):
         torch.add(torch.ones(3), torch.ones(3), out=protected)
     assert torch.equal(protected, torch.zeros(3))
+
+
+class ReturnsOnlyConstants(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.w * 2, self.w.sum()
+
+
+def test_constants_returned_as_they_are_say_so_and_nothing_else() -> None:
+    """Each returned constant stays computed (a buffer returned would be the caller's to write);
+    the output itself is not a node to evaluate."""
+    model = ReturnsOnlyConstants().eval()
+    gm, result = _fold(model)
+    assert (result.rewrites, result.skips) == (0, {"constant returned as a model output": 2})
+    x = torch.randn(2)
+    with torch.no_grad():
+        for got, expected in zip(gm(x), model(x), strict=True):
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+class ViewsToTheWrongSize(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.w.view(7)
+
+
+def test_a_constant_whose_evaluation_raises_is_left_to_raise_at_run_time() -> None:
+    """``optimize_fx`` without example inputs never runs eager: the fold is the first to call
+    ``view(7)`` on six elements. The op stays, named in the report, and raises as eager does."""
+    gm, result = _fold(ViewsToTheWrongSize().eval())
+    assert (result.rewrites, result.skips) == (0, {"could not evaluate constant (RuntimeError)": 1})
+    with pytest.raises(RuntimeError, match="invalid for input of size 6"):
+        gm(torch.randn(7))

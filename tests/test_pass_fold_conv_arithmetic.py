@@ -521,6 +521,26 @@ def test_a_get_attr_that_is_not_a_tensor_is_left_alone() -> None:
         torch.testing.assert_close(gm(x), model(x), rtol=0, atol=0)
 
 
+class HookedThenPlain(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hooked, self.plain = nn.Conv2d(4, C, 3), nn.Conv2d(C, C, 3)
+        self.hooked.register_forward_hook(lambda module, args, out: out + 1)
+        self.register_buffer("c", per_channel(1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.plain(self.hooked(x) * self.c) * self.c
+
+
+def test_a_refused_producer_does_not_stop_the_folds_after_it() -> None:
+    model = HookedThenPlain().eval()
+    reference, x = copy.deepcopy(model), x_for(2)
+    gm, result = run(model)
+    assert (result.rewrites, result.skips) == (1, {"producer module: Conv2d has forward hooks": 1})
+    assert count_arith(gm) == 1
+    assert_equivalent(reference, gm, x)
+
+
 def test_chain_folds_up_to_the_first_unfoldable_step() -> None:
     # torch.ones(...) in forward is traced into a get_attr constant (_tensor_constant0).
     fn = lambda m, y: (y * 2 + 1) * torch.ones(1, 1, 3, 3) + m.c  # noqa: E731

@@ -424,3 +424,20 @@ class _TwoShuffles(nn.Module):
 def test_a_rewrite_and_a_refusal_in_one_forward_are_both_reported() -> None:
     record = _shuffle_record(_TwoShuffles(), torch.randn(1, 4, 6, 6))
     assert record.rewrites == 1 and dict(record.skips) == {shuffle.SHARED: 1}
+
+
+class _ReshapeShuffle(_Shuffle):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        b, c, h, w = y.size()
+        s = y.reshape(b, 2, c // 2, h, w).transpose(1, 2).contiguous()
+        return self.head(s.view(b, c, h, w))
+
+
+def test_a_shuffle_written_with_reshape_is_not_taken_for_the_view_idiom() -> None:
+    """The rewrite knows ``view``, whose result shares the converted input's storage; a
+    ``reshape`` is not looked into (nothing to report: it is no shuffle the pass knows)."""
+    model = _ReshapeShuffle().eval()
+    x = torch.randn(1, 4, 5, 6)
+    record = _shuffle_record(model, x)
+    assert (record.rewrites, dict(record.skips)) == (0, {})
