@@ -480,6 +480,9 @@ def test_commuted_add_with_alpha_scales_the_shift_before_it() -> None:
 class ThreeConvsOneWeight(nn.Module):
     """One weight, three functional convs, each scaled by its own constant."""
 
+    a: torch.Tensor
+    b: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.w = nn.Parameter(torch.randn(C, 4, 3, 3))
@@ -509,7 +512,7 @@ def test_a_get_attr_that_is_not_a_tensor_is_left_alone() -> None:
     get_attr; only tensors and literals fold."""
     model = ConvThen(lambda m, y: y * 2.0).eval()
     gm = fx.symbolic_trace(model)
-    gm.k = 2.0
+    vars(gm)["k"] = 2.0  # a plain attribute, neither parameter nor buffer
     mul = next(n for n in gm.graph.nodes if n.target is operator.mul)
     with gm.graph.inserting_before(mul):
         mul.args = (mul.args[0], gm.graph.get_attr("k"))
@@ -522,6 +525,8 @@ def test_a_get_attr_that_is_not_a_tensor_is_left_alone() -> None:
 
 
 class HookedThenPlain(nn.Module):
+    c: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.hooked, self.plain = nn.Conv2d(4, C, 3), nn.Conv2d(C, C, 3)
