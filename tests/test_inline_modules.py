@@ -178,3 +178,29 @@ def test_resnet_freezes_to_the_same_graph_as_with_module_calls() -> None:
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
         assert torch.equal(without(x), with_modules(x))
+
+
+class TwoPathsOneName(nn.Module):
+    """``a.b`` and ``a_b``: both weights would be hoisted as ``a_b_weight``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Module()
+        self.a.b = nn.Linear(2, 2)
+        self.a_b = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a_b(self.a.b(x))
+
+
+def test_two_module_paths_that_flatten_to_one_name_get_one_attribute_each() -> None:
+    model = TwoPathsOneName().eval()
+    gm = fx.symbolic_trace(model)
+    inlined, count, skips = inline_leaf_modules(gm)
+    assert (count, dict(skips)) == (2, {})
+    assert type(inlined).__name__ == type(gm).__name__ == "TwoPathsOneName"  # errors name it
+    names = {str(n.target) for n in inlined.graph.nodes if n.op == "get_attr"}
+    assert names == {"a_b_weight", "a_b_bias", "a_b_weight_1", "a_b_bias_1"}
+    x = torch.randn(3, 2)
+    with torch.no_grad():
+        assert torch.equal(inlined(x), model(x))
