@@ -186,11 +186,11 @@ class TwoPathsOneName(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.a = nn.Module()
-        self.a.b = nn.Linear(2, 2)
+        self.a.add_module("b", nn.Linear(2, 2))
         self.a_b = nn.Linear(2, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.a_b(self.a.b(x))
+        return self.a_b(self.a.get_submodule("b")(x))
 
 
 def test_two_module_paths_that_flatten_to_one_name_get_one_attribute_each() -> None:
