@@ -112,8 +112,13 @@ def test_what_a_function_cannot_say_stays_a_module_call() -> None:
     model = Mixed().eval()
     gm = fx.GraphModule(model, LeafSubclassTracer().trace(model))
     text = gm.code
-    inlined, count, _ = inline_leaf_modules(gm)
+    inlined, count, skips = inline_leaf_modules(gm)
     assert count == 2, "only the two calls to self.conv"
+    assert dict(skips) == {  # bn, custom: no inliner for their type, nothing to say
+        "Conv2d configuration has no functional form": 1,  # reflect padding
+        "ConvTranspose2d called with more than one input": 1,  # output_size=
+        "MaxPool2d configuration has no functional form": 1,  # return_indices
+    }
     kept = {str(n.target) for n in inlined.graph.nodes if n.op == "call_module"}
     assert kept == {"reflect", "bn", "up", "pool", "custom"}
     assert count_calls(inlined, F.conv2d) == 2
@@ -199,6 +204,7 @@ def test_two_module_paths_that_flatten_to_one_name_get_one_attribute_each() -> N
     inlined, count, skips = inline_leaf_modules(gm)
     assert (count, dict(skips)) == (2, {})
     assert type(inlined).__name__ == type(gm).__name__ == "TwoPathsOneName"  # errors name it
+    assert inlined.training is False
     names = {str(n.target) for n in inlined.graph.nodes if n.op == "get_attr"}
     assert names == {"a_b_weight", "a_b_bias", "a_b_weight_1", "a_b_bias_1"}
     x = torch.randn(3, 2)

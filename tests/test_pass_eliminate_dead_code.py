@@ -78,6 +78,26 @@ def test_an_input_nothing_reads_stays_in_the_signature() -> None:
     assert torch.equal(gm(x, other), model(x, other))
 
 
+class MarkedImpure(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.log = nn.ReLU()
+        self.log._is_impure = True  # torch.fx's mark: "calling me has effects"
+        self.plain = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.log(x)
+        self.plain(x)
+        return x * 2
+
+
+def test_a_module_marked_impure_is_kept_when_its_result_is_unused() -> None:
+    gm, rewrites, skips = _run(MarkedImpure().eval())
+    assert [str(n.target) for n in gm.graph.nodes if n.op == "call_module"] == ["log"]
+    assert rewrites == 1 + 1  # plain's call, then the submodule nothing calls
+    assert skips == {"unused result of call_module may have side effects": 1}
+
+
 def test_in_place_work_with_unused_results_is_kept() -> None:
     model = Mutating().eval()
     gm, rewrites, skips = _run(model)
