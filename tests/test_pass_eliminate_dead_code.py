@@ -82,7 +82,7 @@ class MarkedImpure(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.log = nn.ReLU()
-        self.log._is_impure = True  # torch.fx's mark: "calling me has effects"
+        vars(self.log)["_is_impure"] = True  # torch.fx's mark: "calling me has effects"
         self.plain = nn.ReLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
