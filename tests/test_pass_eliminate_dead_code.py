@@ -98,6 +98,26 @@ def test_a_module_marked_impure_is_kept_when_its_result_is_unused() -> None:
     assert skips == {"unused result of call_module may have side effects": 1}
 
 
+class TwoDeadBuffers(nn.Module):
+    a: torch.Tensor
+    b: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("a", torch.ones(2))
+        self.register_buffer("b", torch.ones(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _ = x + self.a + self.b
+        return x * 2
+
+
+def test_each_attribute_removed_is_counted() -> None:
+    gm, rewrites, _ = _run(TwoDeadBuffers())
+    assert not hasattr(gm, "a") and not hasattr(gm, "b")
+    assert rewrites == 4 + 2  # two get_attr and two adds; the two buffers
+
+
 def test_in_place_work_with_unused_results_is_kept() -> None:
     model = Mutating().eval()
     gm, rewrites, skips = _run(model)
