@@ -92,6 +92,15 @@ def test_unfused_ops_are_the_tensor_ops_without_a_packed_context() -> None:
     assert unfused_ops(module, ["forward"]) == {"aten::add": 1, "aten::flatten": 1}
 
 
+class AddsTwice(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x + 1) + 2
+
+
+def test_unfused_ops_count_each_node_of_a_kind() -> None:
+    assert unfused_ops(frozen(AddsTwice()), ["forward"]) == {"aten::add": 2}
+
+
 def test_tensor_bytes_count_each_storage_once_and_packed_contexts_too() -> None:
     ensure_registered(OpFamily.XNNPACK)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Conv2d(4, 4, 1)).eval()
