@@ -110,8 +110,20 @@ def test_tensor_bytes_count_each_storage_once_and_packed_contexts_too() -> None:
     assert tensor_bytes(module, ["forward"]) == weights  # graph constants
     for p in SPEC.passes()[2:]:
         module = p.call(module, CTX).unit
+        if type(p).__name__ == "FoldPrepacking":  # contexts are graph constants until hoisted
+            kinds = {n.kindOf("value") for n in module.graph.nodes() if n.hasAttribute("value")}
+            assert "ival" in kinds
+            assert tensor_bytes(module, ["forward"]) == weights
     # the weights now live in packed contexts (their pickled state holds them)
     assert tensor_bytes(module, ["forward"]) == weights
+
+
+def test_tensor_bytes_count_a_tied_weight_once() -> None:
+    model = nn.Sequential(nn.Conv2d(4, 4, 1), nn.Conv2d(4, 4, 1)).eval()
+    model[1].weight = model[0].weight
+    unique = sum(p.numel() * 4 for p in model.parameters())  # parameters() lists it once
+    assert tensor_bytes(scripted(model), ["forward"]) == unique
+    assert tensor_bytes(frozen(model), ["forward"]) == unique
 
 
 def test_the_stage_lints_every_rewritten_method_and_measures_the_module() -> None:
@@ -147,3 +159,14 @@ def test_a_submodule_that_defines_getstate_is_counted_as_a_module() -> None:
     a module's state is its attributes, counted once each."""
     module = torch.jit.script(nn.Sequential(SavesItsStateScaled()).eval())
     assert tensor_bytes(module, ["forward"]) == 4 * 4
+
+
+def test_tensor_bytes_reads_a_packed_context_frozen_into_a_constant() -> None:
+    """Freezing a quantized layer makes its packed parameters a graph constant (an ``ival``):
+    their int8 weight and float bias are in its pickled state."""
+    linear = torch.ao.nn.quantized.Linear(8, 4)
+    module = frozen(nn.Sequential(linear).eval())
+    kinds = [n.kindOf("value") for n in module.graph.nodes() if n.hasAttribute("value")]
+    assert "ival" in kinds
+    weight, bias = linear._weight_bias()
+    assert tensor_bytes(module, ["forward"]) == weight.numel() * 1 + bias.numel() * 4
