@@ -84,3 +84,23 @@ def test_a_batchnorm_in_training_mode_is_left_alone() -> None:
     reason = {"BN in training mode, or its training flag is not a constant": 1}
     assert DecomposeBatchNorm().call(module, NO_INPUTS).skips == reason
     assert batchnorms(module) == 1
+
+
+class TrainingThenEval(FunctionalTrainingBatchNorm):
+    """A BatchNorm left alone, then one to decompose."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.batch_norm(self.conv(x), self.mean, self.var, training=True)
+        return self.bn(y.relu())
+
+
+def test_a_batchnorm_left_alone_does_not_stop_the_ones_after_it() -> None:
+    model = randomize_batchnorm(TrainingThenEval()).eval()
+    result = DecomposeBatchNorm().call(frozen(model), NO_INPUTS)
+    assert result.rewrites == 1
+    assert result.skips == {"BN in training mode, or its training flag is not a constant": 1}
+    assert batchnorms(result.unit) == 1
