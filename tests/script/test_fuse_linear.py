@@ -172,3 +172,24 @@ def test_addmm_of_an_unknown_rank_input_that_is_not_a_matrix_stays() -> None:
 def test_nothing_to_do_reports_zero() -> None:
     result = FuseLinear().call(frozen(nn.Sequential(nn.ReLU())), CTX)
     assert result.rewrites == 0 and not result.modified
+
+
+class RefusedThenFused(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4))
+        self.b = nn.Parameter(torch.randn(4))
+
+    def forward(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        y = torch.addmm(self.b, m, self.w.t())  # m: made 3-D below, so not a matrix product
+        z = torch.addmm(self.b, x, self.w.t(), beta=2.0)  # beta: no linear says it
+        return torch.addmm(self.b, z, self.w.t()) + y.sum()
+
+
+def test_a_form_left_alone_does_not_stop_the_rewrites_after_it() -> None:
+    module = frozen(RefusedThenFused().eval())
+    m = list(module.graph.inputs())[2]
+    m.setType(m.type().with_sizes([2, 3, 4]))
+    result = FuseLinear().call(module, CTX)
+    assert result.rewrites == 1
+    assert kinds(result.unit)["aten::addmm"] == 2 and kinds(result.unit)["aten::linear"] == 1
