@@ -117,3 +117,27 @@ def test_a_one_element_dilation_applies_to_every_dim() -> None:
     (node,) = nodes_of(result.unit, "aten::conv2d")
     assert node.inputsAt(4).toIValue() == [2, 4]
     assert_equivalent(model, result.unit, torch.randn(1, 3, 8, 9))
+
+
+class WeightFromTheCaller(nn.Module):
+    """A conv whose weight is an input (not a constant, so nothing to canonicalize), then an
+    asymmetric one (left alone), then one the pass rewrites."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asymmetric = nn.Conv2d(4, 4, 4, padding="same")
+        self.same = nn.Conv2d(4, 4, 3, padding="same")
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return self.same(self.asymmetric(F.conv2d(x, w, padding="same")))
+
+
+def test_convolutions_left_alone_do_not_stop_the_rewrites_after_them() -> None:
+    model = WeightFromTheCaller().eval()
+    result = CanonicalizeConvolutions().call(frozen(model), NO_INPUTS)
+    assert result.rewrites == 1
+    assert result.skips == {
+        "aten::conv2d weight is not a constant 3-5-D tensor": 1,
+        "'same' padding of kernel [4, 4] is asymmetric (no integer padding says it)": 1,
+    }
+    assert_equivalent(model, result.unit, torch.randn(1, 3, 6, 6), torch.randn(4, 3, 3, 3))
