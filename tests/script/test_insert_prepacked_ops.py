@@ -195,3 +195,21 @@ def test_the_rank_of_a_non_constant_weight_is_read_from_its_type() -> None:
     weight.setType(weight.type().with_sizes([20]))
     result = xnnpack().call(module, CTX)
     assert result.rewrites == 0 and result.skips == {"aten::linear weight is 1-D": 1}
+
+
+class LeftAloneThenPrepacked(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.same, self.vector = SamePadding(), VectorWeight()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.same(x).sum() + self.fc(self.vector(v)[:, None].expand(-1, 4))
+
+
+def test_ops_left_alone_do_not_stop_the_rewrites_after_them() -> None:
+    model = LeftAloneThenPrepacked().eval()
+    result = xnnpack().call(frozen(model), CTX)
+    assert result.rewrites == 1
+    assert result.skips == {"aten::conv2d with string padding": 1, "aten::linear weight is 1-D": 1}
+    assert_equivalent(model, result.unit, torch.randn(1, 3, 7, 7), torch.randn(3, 4))
