@@ -120,3 +120,41 @@ def test_forward_only_bundled_inputs_keep_the_forward_accessors() -> None:
         "get_all_bundled_inputs_for_forward",
         "_bundled_inputs_deflated_forward",
     ]
+
+
+@torch.jit.interface
+class _Layer(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[empty-body]
+        pass
+
+
+class _Conv(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+class _CallsThroughAnInterface(nn.Module):
+    # a module interface (TorchScript calls it by its method, not its type); the annotation is
+    # the class itself, which a string (this file's future annotations) would not resolve to
+    __annotations__ = {"layer": _Layer}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = _Conv()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer.forward(x).relu()
+
+
+def test_a_submodule_called_through_an_interface_is_inlined_too() -> None:
+    """Freezing inlines interface calls as well (upstream freezes interfaces): the conv inside
+    is then a graph node the later passes can rewrite."""
+    model = _CallsThroughAnInterface().eval()
+    result = Freeze().call(scripted(model), CTX)
+    assert kinds(result.unit)["aten::conv2d"] == 1
+    assert kinds(result.unit)["prim::CallMethod"] == 0
+    assert_equivalent(model, result.unit, torch.randn(1, 3, 4, 4))
