@@ -141,3 +141,31 @@ def test_convolutions_left_alone_do_not_stop_the_rewrites_after_them() -> None:
         "'same' padding of kernel [4, 4] is asymmetric (no integer padding says it)": 1,
     }
     assert_equivalent(model, result.unit, torch.randn(1, 3, 6, 6), torch.randn(4, 3, 3, 3))
+
+
+class ArgumentsFromTheCaller(nn.Module):
+    """A 'same' padded conv whose dilation the caller gives, and a traced-style convolution whose
+    transposed flag the caller gives: neither form is known until the call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 3, 3, 3))
+
+    def forward(self, x: torch.Tensor, dilation: list[int], transposed: bool) -> torch.Tensor:
+        y = F.conv2d(x, self.w, None, 1, "same", dilation)
+        z = torch._convolution(
+            x, self.w, None, [1, 1], [1, 1], [1, 1], transposed, [0, 0], 1, False, False, True, True
+        )
+        return y + z
+
+
+def test_convolutions_whose_form_the_caller_gives_are_left_alone() -> None:
+    model = ArgumentsFromTheCaller().eval()
+    result = CanonicalizeConvolutions().call(frozen(model), NO_INPUTS)
+    assert result.rewrites == 0
+    assert result.skips == {
+        "aten::conv2d padding or dilation is not a constant": 1,
+        "aten::_convolution transposed flag is not a constant": 1,
+    }
+    x = torch.randn(1, 3, 6, 6)
+    torch.testing.assert_close(result.unit(x, [1, 1], False), model(x, [1, 1], False))

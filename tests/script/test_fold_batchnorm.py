@@ -218,8 +218,8 @@ def test_a_batchnorm_in_training_mode_is_left_alone() -> None:
 
 
 class StatisticsFromTheInput(nn.Module):
-    """A BatchNorm one of whose statistics or affine parameters the input changes: no fold may
-    take it for a constant (nor a missing weight for none)."""
+    """A BatchNorm one of whose statistics, affine parameters or eps the input changes: no fold
+    may take it for a constant (nor a missing weight for none)."""
 
     if TYPE_CHECKING:  # buffers, for mypy; TorchScript cannot read string annotations
         mean: torch.Tensor
@@ -239,16 +239,23 @@ class StatisticsFromTheInput(nn.Module):
         moved = x.mean().abs() + 1
         var: torch.Tensor = self.var
         weight: torch.Tensor = self.weight
+        eps = 1e-5
         if self.which == "var":
             var = self.var * moved
         if self.which == "weight":
             weight = self.weight * moved
-        return F.batch_norm(y, self.mean, var, weight, self.bias)
+        if self.which == "eps":
+            eps = float(moved) * 1e-5
+        return F.batch_norm(y, self.mean, var, weight, self.bias, eps=eps)
 
 
 @pytest.mark.parametrize(
     "which,reason",
-    [("var", "BN has no constant running stats"), ("weight", "BN affine params are not constants")],
+    [
+        ("var", "BN has no constant running stats"),
+        ("weight", "BN affine params are not constants"),
+        ("eps", "BN eps is not a constant"),
+    ],
 )
 def test_statistics_the_input_changes_are_left_alone(which: str, reason: str) -> None:
     model = StatisticsFromTheInput(which).eval()

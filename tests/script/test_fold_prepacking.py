@@ -19,10 +19,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import fxmobile
 from fxmobile.backends.library import OpFamily, ensure_registered
 from fxmobile.backends.metal.pipeline import PREPACK as METAL
 from fxmobile.backends.vulkan.insert_prepacked_ops import CREATE_KINDS, InsertVulkanOps
 from fxmobile.backends.xnnpack.pipeline import PREPACK as XNNPACK
+from fxmobile.infra import Status
 from fxmobile.options import MobileOptimizerType
 from fxmobile.script.fold_prepacking import FoldPrepacking
 from fxmobile.script.fuse_clamp import FuseClamp, clamp_slots
@@ -193,3 +195,12 @@ def test_a_prepack_call_with_a_non_constant_input_stays_with_its_reason() -> Non
 def test_nothing_to_do_reports_zero() -> None:
     result = fold().call(frozen(nn.Sequential(nn.ReLU())), CTX)
     assert result.rewrites == 0 and not result.modified and result.skips == {}
+
+
+def test_the_cpu_pipelines_folding_goes_with_its_blocklist_member() -> None:
+    """Upstream's INSERT_FOLD_PREPACK_OPS switches prepacking and its folding off together."""
+    x = torch.randn(1, 3, 8, 8)
+    report = fxmobile.optimize(Layers().eval(), {MEMBER}, example_inputs=x).report
+    for name in ("insert_prepacked_ops", "fuse_clamp", "fold_prepacking"):
+        record = report.record(name)
+        assert (record.status, record.member) == (Status.BLOCKLISTED, MEMBER.name)
