@@ -214,3 +214,60 @@ def test_the_stage_measures_nodes_that_do_work_and_each_storage_once() -> None:
 def test_meta_tensors_are_measured_one_by_one() -> None:
     """Meta tensors have no storage to tell apart (every address is 0): each one counts."""
     assert tensor_nbytes(nn.Linear(4, 4, device="meta")) == (16 + 4) * 4
+
+
+class CountsRecompiles(fx.GraphModule):
+    """A graph module that counts its recompiles."""
+
+    recompiles = 0
+
+    def recompile(self) -> torch.fx.graph_module.PythonCode:
+        self.recompiles += 1
+        return super().recompile()
+
+
+class RetargetsAGetattr(FxPass):
+    """Points the linear's call at another module: same nodes, same count, new code."""
+
+    summary = "fc -> fc2"
+
+    def call(self, unit: fx.GraphModule, ctx: FxContext) -> PassResult[fx.GraphModule]:
+        unit.add_submodule("fc2", nn.Linear(4, 4))
+        node = next(n for n in unit.graph.nodes if n.target == "fc")
+        node.target = "fc2"
+        return PassResult(unit, 0)  # says nothing changed: the stage must not believe it
+
+
+class SameArgumentsAnew(FxPass):
+    """Sets every node's arguments to equal new tuples: the code stays the same."""
+
+    summary = "args -> equal args"
+
+    def call(self, unit: fx.GraphModule, ctx: FxContext) -> PassResult[fx.GraphModule]:
+        for node in unit.graph.nodes:
+            node.args = tuple(node.args)
+        return PassResult(unit, 0)
+
+
+@pytest.mark.parametrize(
+    ("passes", "recompiles"),
+    [
+        pytest.param([DoesNothing, SameArgumentsAnew, ReadsShapes], 0, id="unchanged graphs"),
+        pytest.param([Retargets], 1, id="a changed target"),
+        pytest.param([RemovesDropout, DoesNothing], 1, id="a removed node"),
+        pytest.param([AddsAnIdentity], 1, id="a new node"),
+        pytest.param([RetargetsAGetattr, DoesNothing], 1, id="a rewrite counted as none"),
+    ],
+)
+def test_the_graph_is_recompiled_after_each_pass_that_changed_it(
+    passes: list[type[Pass[fx.GraphModule, FxContext]]], recompiles: int
+) -> None:
+    root = Model().eval()
+    gm = CountsRecompiles(root, _KeepsCounter().trace(root))
+    gm.recompiles = 0
+    expected = gm.graph.python_code("self").src
+    PassManager([p() for p in passes], FxStage((X,)), FxContext((X,))).run(gm)
+    assert gm.recompiles == recompiles
+    assert gm.code == gm.graph.python_code("self").src  # the code is the graph's, always
+    assert (gm.code == expected) == (recompiles == 0)
+    torch.testing.assert_close(gm(X), fx.Interpreter(gm).run(X))
