@@ -36,7 +36,7 @@ def _run(model: nn.Module, *inputs: object) -> tuple[fx.GraphModule, PassResult]
     gm = fx.symbolic_trace(copy.deepcopy(model))
     if inputs:
         ShapeProp(gm).propagate(*inputs)
-    result = ToChannelsLast().call(gm, FxContext())
+    result = ToChannelsLast().call(gm, FxContext(inputs or None))
     assert result.unit is gm  # rewritten in place, or declined: the same module either way
     gm.graph.lint()
     gm.recompile()
@@ -105,7 +105,7 @@ def test_new_parameters_leave_the_old_ones_and_keep_ties() -> None:
     gm = fx.symbolic_trace(model)  # shares the modules: the pass must not write to `conv.weight`
     old = conv.weight
     ShapeProp(gm).propagate(x)
-    result = ToChannelsLast().call(gm, FxContext())
+    result = ToChannelsLast().call(gm, FxContext((x,)))
     gm.recompile()
     assert result.rewrites == 1 + 1 + 1  # entry, the one (tied) weight, output restore
     new = _weight(gm, "0")
@@ -138,7 +138,7 @@ def test_constants_in_arithmetic_and_functional_conv_weights() -> None:
     copied = copy.deepcopy(model)
     gm = fx.GraphModule(copied, _BufferTracer().trace(copied))
     ShapeProp(gm).propagate(x)
-    result = ToChannelsLast().call(gm, FxContext())
+    result = ToChannelsLast().call(gm, FxContext((x,)))
     gm.recompile()
     assert _entries(gm) == 1
     # entry + conv.weight + pos + gain + w + output restore
@@ -260,7 +260,7 @@ def test_view_that_would_break_declines_and_undoes_everything() -> None:
     gm = fx.symbolic_trace(copy.deepcopy(model))
     ShapeProp(gm).propagate(x)
     code, weight = gm.code, _weight(gm, "conv")
-    result = ToChannelsLast().call(gm, FxContext())
+    result = ToChannelsLast().call(gm, FxContext((x,)))
     assert result.unit is gm
     gm.graph.lint()
     gm.recompile()
@@ -302,7 +302,7 @@ def test_graph_that_cannot_be_checked_is_left_alone() -> None:
     gm = fx.symbolic_trace(copy.deepcopy(model))
     ShapeProp(gm).propagate(x)
     code = gm.code
-    result = ToChannelsLast().call(gm, FxContext())
+    result = ToChannelsLast().call(gm, FxContext((x,)))
     assert result.unit is gm
     gm.recompile()
     assert result.rewrites == 0 and result.skips == {UNCHECKED: 1}
@@ -420,18 +420,33 @@ class TupleInput(nn.Module):
         return self.conv(x) * pair[0] + pair[1]
 
 
-def test_a_tuple_input_is_no_tensor_and_leaves_the_graph_unchecked() -> None:
-    """A tuple of tensors is one input that is no tensor. The fake-tensor check builds inputs
-    from tensor metadata or a default value only, so it cannot run this graph and the pass
-    declines (today's limitation: any non-tensor input without a default does this)."""
+def test_a_tuple_input_stays_as_it_is_and_the_rest_goes_channels_last() -> None:
+    """A tuple of tensors is one input that is no tensor: it is left as it is. The check runs
+    the graph on fake copies of the example inputs, the tuple's tensors too (it built inputs
+    from tensor metadata before, and so declined the whole pass for any non-tensor input)."""
     torch.manual_seed(0)
     model = TupleInput().eval()
     x, pair = torch.randn(2, 3, 8, 8), (torch.randn(2, 4, 8, 8), torch.randn(2, 4, 8, 8))
     gm, result = _run(model, x, pair)
-    assert result.rewrites == 0
-    assert result.skips == {"input is not a tensor": 1, UNCHECKED: 1}
-    assert count_calls(gm, "contiguous") == 0 and _weight(gm, "conv").is_contiguous()
+    assert result.skips == {"input is not a tensor": 1}
+    assert result.rewrites == 3  # x's entry, the conv weight, the output back to eager's layout
+    assert _entries(gm) == 1
+    assert _weight(gm, "conv").is_contiguous(memory_format=torch.channels_last)
     assert_equivalent(model, gm, x, pair)
+
+
+def test_shapes_from_another_propagation_without_example_inputs_change_nothing() -> None:
+    """The layout check runs the example inputs; a caller that propagated shapes itself and
+    passes none gets the graph back as it was."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
+    x = torch.randn(1, 3, 8, 8)
+    gm = fx.symbolic_trace(copy.deepcopy(model))
+    ShapeProp(gm).propagate(x)
+    code = gm.code
+    result = ToChannelsLast().call(gm, FxContext())
+    gm.recompile()
+    assert (result.rewrites, result.skips) == (0, {NO_SHAPES: 1})
+    assert gm.code == code and _weight(gm, "0").is_contiguous()
 
 
 class WritesItsInput(nn.Module):
@@ -669,7 +684,7 @@ def test_the_weight_of_a_leaf_module_that_is_no_conv_is_left_alone() -> None:
     gm = fx.GraphModule(copied, _ScaleByMapLeafTracer().trace(copied))
     assert count_modules(gm, ScaleByMap) == 1
     ShapeProp(gm).propagate(x)
-    result = ToChannelsLast().call(gm, FxContext())
+    result = ToChannelsLast().call(gm, FxContext((x,)))
     gm.recompile()
     assert result.rewrites == 3 and result.skips == {}  # entry + conv weight + output restore
     assert _weight(gm, "0").is_contiguous(memory_format=CL)

@@ -62,6 +62,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.shape_prop import TensorMetadata
+from torch.utils._pytree import tree_map_only
 
 from fxmobile import ops
 from fxmobile.infra import PassResult, Skips
@@ -263,11 +264,14 @@ class ToChannelsLast(FxPass):
         if any(_written_through_reshape(gm, n) for n in affected):
             skips.add(RESHAPED_WRITE)
             return PassResult(gm, 0, dict(skips))
+        if ctx.example_inputs is None:  # shapes from another caller's propagation: no check
+            skips.add(NO_SHAPES)
+            return PassResult(gm, 0, dict(skips))
         changes = _apply(gm, plan, affected)
-        reason = _check(gm)
+        reason = _check(gm, ctx.example_inputs)
         if reason is not None:
             changes.undo(gm)
-            if _check(gm) is not None:
+            if _check(gm, ctx.example_inputs) is not None:
                 reason = UNCHECKED
             skips.add(reason)
             return PassResult(gm, 0, dict(skips))
@@ -321,21 +325,12 @@ def _apply(gm: fx.GraphModule, plan: _Plan, affected: set[fx.Node]) -> _Changes:
     return changes
 
 
-def _check(gm: fx.GraphModule) -> str | None:
-    """Run ``gm`` on fake tensors shaped like the example inputs: None if it runs."""
+def _check(gm: fx.GraphModule, example_inputs: tuple[Any, ...]) -> str | None:
+    """Run ``gm`` on fake copies of the example inputs (tensors inside tuples, lists and dicts
+    too; other values as they are): None if it runs."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    inputs: list[Any] = []
     with mode:
-        for node in gm.graph.nodes:
-            if node.op != "placeholder":
-                continue
-            meta = tensor_meta(node)
-            if isinstance(meta, TensorMetadata):
-                inputs.append(torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype))
-            elif node.args:
-                inputs.append(node.args[0])  # the parameter's default value
-            else:
-                return UNCHECKED
+        inputs = [tree_map_only(torch.Tensor, mode.from_tensor, x) for x in example_inputs]
     try:
         with mode, torch.no_grad():
             fx.Interpreter(gm).run(*inputs)
