@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import fxmobile
+from fxmobile.backends.xnnpack import fuse_add_relu
 from fxmobile.backends.xnnpack.fuse_add_relu import (
     ALIASED,
     MIXED_DTYPES,
     READ_ELSEWHERE,
     UNKNOWN_DTYPES,
     FuseAddRelu,
+    static_dtypes,
 )
 from fxmobile.script.stage import ScriptContext
 from tests.helpers import assert_equivalent
@@ -213,7 +216,8 @@ def test_the_run_decides_by_the_result_dtype_not_by_equal_dtypes() -> None:
 class AddInABranch(nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if bool(a.sum() > 0):
-            return torch.relu(a + b)
+            c = a.to(b.dtype)  # made in the branch, by an op that may change the dtype
+            return torch.relu(c + b)
         return b
 
 
@@ -223,6 +227,67 @@ def test_an_add_the_run_cannot_see_is_left_alone() -> None:
     result = FuseAddRelu().call(frozen(model), with_inputs(a, b))
     assert result.rewrites == 0 and result.skips == {UNKNOWN_DTYPES: 1}
     torch.testing.assert_close(result.unit(a, b), model(a, b))
+
+
+class ConvResidual(nn.Module):
+    """resnet's block: the residual add reads two tensors made from the input by ops that keep
+    its dtype; then an add in a branch, of the input and a conv output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 3, padding=1)
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.conv(x))
+        out = self.conv(y)
+        out += y
+        out = torch.relu_(out)
+        if bool(x.sum() > 0):
+            out = torch.relu(self.fc(out) + x)
+        return out
+
+
+def test_dtypes_that_follow_from_the_example_inputs_need_no_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = ConvResidual().eval()
+    x = torch.randn(1, 3, 4, 4)
+    runs = []
+    monkeypatch.setattr(fuse_add_relu, "probe", lambda *args: runs.append(args))
+    result = FuseAddRelu().call(frozen(model), with_inputs(x))
+    assert (result.rewrites, result.skips, runs) == (2, {}, [])
+    after = kinds(result.unit)
+    assert (after["aten::_add_relu_"], after["aten::_add_relu"]) == (1, 1)
+    assert_equivalent(model, result.unit, x)
+
+
+class Reshaped(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.max_pool2d(F.hardtanh(x), 1).flatten(2).reshape(x.shape).contiguous()
+        return y.view(torch.int32)  # reinterpreted: another dtype
+
+
+def test_dtypes_follow_only_through_ops_that_keep_them() -> None:
+    x = torch.randn(1, 2, 4, 4)
+    graph = frozen(Reshaped()).graph
+    known = static_dtypes(graph, (x,))
+    ops = {n.kind(): n.output() for n in graph.nodes() if n.kind().startswith("aten::")}
+    for kind in ("hardtanh", "max_pool2d", "flatten", "reshape", "contiguous"):
+        assert known[ops[f"aten::{kind}"]] == torch.float32, kind
+    assert ops["aten::view"] not in known
+    module = frozen(IntegerFirst())
+    x = torch.randn(4)
+    graph = module.graph
+    (add,) = [n for n in graph.nodes() if n.kind() == "aten::add"]
+    known = static_dtypes(graph, (x,))
+    assert known[list(graph.inputs())[1]] == torch.float32
+    assert add.inputsAt(0) not in known and add.output() not in known  # a.long(): another dtype
+    same = frozen(Add())
+    (add,) = [n for n in same.graph.nodes() if n.kind() == "aten::add"]
+    assert static_dtypes(same.graph, (x, x.double()))[add.inputsAt(1)] == torch.float64
+    assert add.output() not in static_dtypes(same.graph, (x, x.double()))  # mixed: unknown
+    assert static_dtypes(same.graph, (x, x))[add.output()] == torch.float32
 
 
 class SizeArithmetic(nn.Module):

@@ -9,11 +9,13 @@ with its first operand's dtype's bounds while it computes in the promoted dtype:
 that could change a result is left alone, with the reason (``why_not_fuse``; aliasing is traced
 through views by ``fxmobile.script.aliasing``). An add fuses only when its first operand is
 known to be of the add's result dtype, one ``_add_relu`` supports (float32, float64, int8-64):
-from the graph's types where it has them, or else from one run of ``forward`` on the example
-inputs that returns each top-level add's operands (``probed_operands``). A frozen graph records
-no dtypes (freezing erases even a traced graph's), so without example inputs its adds stay
-unfused. The resnet pattern
-``relu_(out += identity)`` writes only a tensor nothing else reads and still fuses.
+from the graph's types where it has them; else, in ``forward``, from the example inputs' dtypes
+carried through ops that keep them (``static_dtypes``: a residual add of two conv outputs is
+two tensors of the input's dtype); else from one run of ``forward`` on the example inputs that
+returns each top-level add's operands (``probed_operands``). A frozen graph records no dtypes
+(freezing erases even a traced graph's), so without example inputs its adds stay unfused. The
+resnet pattern ``relu_(out += identity)`` writes only a tensor nothing else reads and still
+fuses.
 """
 
 from __future__ import annotations
@@ -40,6 +42,21 @@ SUPPORTED = (torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
 _FUSED = {"aten::_add_relu", "aten::_add_relu_"}
 _ADDS = ("aten::add", "aten::add_")
 _RELUS = ("aten::relu", "aten::relu_")
+# Ops whose result has their first input's dtype whenever they run (each fails on the dtypes
+# where it would not: a conv or linear on an input of another dtype than its weight, a pooling
+# of integers). Not aten::view (its dtype overload reinterprets), nor aten::to and the like.
+_KEEP_DTYPE = frozenset({
+    "prepacked::conv2d_clamp_run", "prepacked::conv2d_transpose_clamp_run",
+    "prepacked::linear_clamp_run", "aten::conv2d", "aten::conv_transpose2d", "aten::linear",
+    "aten::relu", "aten::relu_", "aten::hardtanh", "aten::hardtanh_", "aten::hardswish",
+    "aten::hardswish_", "aten::max_pool2d", "aten::avg_pool2d", "aten::adaptive_avg_pool2d",
+    "aten::contiguous", "aten::clone", "aten::flatten", "aten::reshape", "aten::dropout",
+})  # fmt: skip
+# Elementwise ops whose result, for two tensors of one dtype, has that dtype.
+_SAME_DTYPE_IN_OUT = frozenset({
+    "aten::add", "aten::add_", "aten::sub", "aten::sub_", "aten::mul", "aten::mul_",
+    "aten::_add_relu", "aten::_add_relu_",
+})  # fmt: skip
 
 
 class FuseAddRelu(ScriptPass):
@@ -53,11 +70,12 @@ class FuseAddRelu(ScriptPass):
     ) -> PassResult[torch.jit.ScriptModule]:
         before = count_kinds(module, ctx.methods, _FUSED)
         skips: dict[str, int] = {}
-        probed: dict[torch._C.Value, Any] = {}
-        if ctx.example_inputs is not None and "forward" in ctx.methods:
-            probed = probed_operands(module, ctx.example_inputs)
-        for graph in method_graphs(module, ctx.methods):
-            reason = why_not_fuse(graph, probed)
+        inputs = ctx.example_inputs
+        for name, graph in zip(ctx.methods, method_graphs(module, ctx.methods), strict=True):
+            known = static_dtypes(graph, inputs) if name == "forward" and inputs else {}
+            reason = why_not_fuse(graph, {}, known)
+            if reason == UNKNOWN_DTYPES and name == "forward" and inputs is not None:
+                reason = why_not_fuse(graph, probed_operands(module, inputs), known)
             if reason:
                 skips[reason] = skips.get(reason, 0) + 1
             else:
@@ -66,9 +84,14 @@ class FuseAddRelu(ScriptPass):
         return PassResult(module, fused, skips)
 
 
-def why_not_fuse(graph: torch._C.Graph, probed: Mapping[torch._C.Value, Any]) -> str | None:
+def why_not_fuse(
+    graph: torch._C.Graph,
+    probed: Mapping[torch._C.Value, Any],
+    known: Mapping[torch._C.Value, torch.dtype] | None = None,
+) -> str | None:
     """Why torch's rewrite may not run on ``graph``, or None when every add in it is safe;
-    ``probed`` holds operand values seen in a run (``probed_operands``).
+    ``probed`` holds operand values seen in a run (``probed_operands``), ``known`` dtypes the
+    graph's types do not give (``static_dtypes``).
 
     The rewrite places the fused node right after its last input is defined, which can be
     before other ops that write or read the add's operands (it moved ``_add_relu_(x, c)``
@@ -83,7 +106,10 @@ def why_not_fuse(graph: torch._C.Graph, probed: Mapping[torch._C.Value, Any]) ->
         return None
     written = written_roots(graph)
 
-    dtypes_known = {n: _first_operand_keeps_its_dtype(n, probed) for n in adds if _fusable(n)}
+    known = known or {}
+    dtypes_known = {
+        n: _first_operand_keeps_its_dtype(n, probed, known) for n in adds if _fusable(n)
+    }
 
     def mixed(node: torch._C.Node) -> bool:
         constant = node.inputsAt(0).node().kind() == "prim::Constant"
@@ -126,7 +152,9 @@ def _fusable(node: torch._C.Node) -> bool:
 
 
 def _first_operand_keeps_its_dtype(
-    node: torch._C.Node, probed: Mapping[torch._C.Value, Any]
+    node: torch._C.Node,
+    probed: Mapping[torch._C.Value, Any],
+    known: Mapping[torch._C.Value, torch.dtype],
 ) -> bool | None:
     """Whether the add's first operand is of its result dtype and one ``_add_relu`` supports;
     None when that is unknown."""
@@ -136,7 +164,7 @@ def _first_operand_keeps_its_dtype(
     else:
         # from the graph's types, which give no dims: a tensor's dtype promotes according to
         # them (float64 0-dim + float32 1-D is float32), so only an equal one is trusted
-        first, other = _sample(a), _sample(b)
+        first, other = _sample(a, known), _sample(b, known)
         if first is None or other is None:
             return None
         if isinstance(other, torch.Tensor) and getattr(first, "dtype", None) != other.dtype:
@@ -146,17 +174,50 @@ def _first_operand_keeps_its_dtype(
     return torch.result_type(first, other) == first.dtype
 
 
-def _sample(value: torch._C.Value) -> torch.Tensor | bool | int | float | None:
-    """A value of the dtype or number kind the graph gives ``value``, or None when it does not
-    say."""
+def _sample(
+    value: torch._C.Value, known: Mapping[torch._C.Value, torch.dtype]
+) -> torch.Tensor | bool | int | float | None:
+    """A value of the dtype or number kind the graph (or ``known``) gives ``value``, or None
+    when neither says."""
     kind = value.type()
     if isinstance(kind, torch._C.TensorType):
-        dtype = kind.dtype()
+        dtype = kind.dtype() or known.get(value)
         return None if dtype is None else torch.empty(1, dtype=dtype)
     numbers: dict[Any, bool | int | float] = {
         torch._C.BoolType: True, torch._C.IntType: 1, torch._C.FloatType: 1.0
     }  # fmt: skip
     return numbers.get(type(kind))
+
+
+def static_dtypes(
+    graph: torch._C.Graph, inputs: Sequence[Any]
+) -> dict[torch._C.Value, torch.dtype]:
+    """The dtype of each tensor of ``graph`` that follows from the example ``inputs`` (tensors,
+    in the order of the graph's inputs after ``self``) and the constants, through
+    ``_KEEP_DTYPE`` ops and ``_SAME_DTYPE_IN_OUT`` ops on two tensors of one dtype. Blocks are
+    visited after the block around them (``iter_nodes``), so every value is seen after its
+    definition; a block's own inputs and outputs (loop-carried values, an ``if``'s result) stay
+    unknown."""
+    dtypes: dict[torch._C.Value, torch.dtype] = {}
+    for value, given in zip(list(graph.inputs())[1:], inputs, strict=False):  # defaults after
+        if isinstance(given, torch.Tensor):
+            dtypes[value] = given.dtype
+    for node in iter_nodes(graph):
+        if node.outputsSize() != 1 or not isinstance(node.output().type(), torch._C.TensorType):
+            continue
+        kind, ins = node.kind(), list(node.inputs())
+        dtype: torch.dtype | None = None
+        if kind == "prim::Constant":
+            constant = node.output().toIValue()
+            dtype = constant.dtype if isinstance(constant, torch.Tensor) else None
+        elif kind in _KEEP_DTYPE and ins:
+            dtype = dtypes.get(ins[0])
+        elif kind in _SAME_DTYPE_IN_OUT and len(ins) >= 2:
+            first, second = dtypes.get(ins[0]), dtypes.get(ins[1])
+            dtype = first if first is not None and first == second else None
+        if dtype is not None:
+            dtypes[node.output()] = dtype
+    return dtypes
 
 
 def probed_operands(
