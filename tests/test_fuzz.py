@@ -59,7 +59,7 @@ from tests.fuzz.outputs import OUTPUT_TYPES
 from tests.fuzz.programs import batch_statistics_after_a_bn_chain
 from tests.fuzz.script_structure import check_script_structure
 from tests.fuzz.spec import Block, HookSpec, Kind, Layout, ModelSpec, Value
-from tests.fuzz.structure import check_hook_report, check_structure
+from tests.fuzz.structure import check_hook_report, check_structure, needed_batch_stats
 from tests.fuzz.untouched import Untouched
 from tests.fuzz.views import COPIES, VIEWS, WRITES
 from tests.test_no_mutation import ModelSnapshot, assert_outputs_identical
@@ -165,6 +165,35 @@ def test_structure_checks_see_what_did_not_happen() -> None:
         gm.get_parameter("b0.weight").mul_(2)
     with pytest.raises(AssertionError, match="rewritten in place"):
         check_structure(spec, model, gm, fxmobile.Report("FuzzModel"))
+
+
+def _repeated_batch_statistics(between: Block | None, after: Block | None) -> ModelSpec:
+    """One BN on batch statistics called twice on the input, ``between`` the two calls and
+    ``after`` them (the long profile's seed-2035 model had a conv scaling its output in place
+    after: a write that cannot touch the BN's input)."""
+    f32 = torch.float32
+    x, y = Value(2, (4, 4), f32), Value(2, (4, 4), f32)
+    bn = {"eps": 0.1, "affine": False, "track_running_stats": False}
+    blocks = [Block(Kind.BATCHNORM, "module", 0, y, bn)]
+    blocks += [between] if between else []
+    blocks.append(Block(Kind.BATCHNORM, "module", 0, y, bn, owner=0))
+    blocks += [after] if after else []
+    outputs = tuple(range(1, len(blocks) + 1))
+    return ModelSpec(x, 1, Layout.CONTIGUOUS, tuple(blocks), outputs, 0)
+
+
+def test_a_repeated_batchnorm_counts_once_unless_a_write_comes_between() -> None:
+    f32 = torch.float32
+    y = Value(2, (4, 4), f32)
+    relu = Block(Kind.ACTIVATION, "module", 1, y, {"op": "relu", "inplace": False})
+    written = Block(Kind.ACTIVATION, "module", 0, y, {"op": "relu", "inplace": True})
+    conv = {"out_channels": 2, "kernel": (1, 1), "stride": (1, 1), "padding": (0, 0)}
+    conv |= {"dilation": (1, 1), "groups": 1, "bias": False, "padding_mode": "zeros"}
+    scaled = Block(Kind.CONV, "module", 1, y, {**conv, "hooks": (HookSpec("scale_in_place", 0.5),)})
+    assert needed_batch_stats(_repeated_batch_statistics(relu, None)) == 1
+    assert needed_batch_stats(_repeated_batch_statistics(relu, scaled)) == 1
+    assert needed_batch_stats(_repeated_batch_statistics(written, None)) == 2
+    assert needed_batch_stats(_repeated_batch_statistics(scaled, None)) == 2
 
 
 def _conv_bn_relu_dropout(dims: int) -> ModelSpec:

@@ -24,7 +24,7 @@ from fxmobile.capture.hooks import COMPILED, KEPT, RUN_BY_TRACE, TRACED
 from fxmobile.report.records import Stage as RecordStage
 from fxmobile.report.records import Status
 from tests.fuzz.build import FuzzModel
-from tests.fuzz.spec import PRODUCERS, PURE_HOOKS, Block, Kind, ModelSpec, attr_base
+from tests.fuzz.spec import IN_PLACE_HOOKS, PRODUCERS, PURE_HOOKS, Block, Kind, ModelSpec, attr_base
 from tests.helpers import count_modules
 
 DROPOUT_MODULE_TYPES = (
@@ -116,18 +116,26 @@ def live_values(spec: ModelSpec) -> set[int]:
 
 def needed_batch_stats(spec: ModelSpec) -> int:
     """BN calls on batch statistics that the outputs are computed from. A repeated call of the
-    same BN on the same value is one computation when nothing writes in place: TorchScript's
+    same BN on the same value is one computation when nothing writes in place between the two
+    calls (a block, or a hook of a block, from the first call on): TorchScript's
     common-subexpression pass keeps one (long profile, script-cpu: not a bug)."""
     live = live_values(spec)
-    seen: set[tuple[int, int]] = set()
+    first: dict[tuple[int, int], int] = {}
     needed = 0
     for i, b in enumerate(spec.blocks):
         if i + 1 not in live or b.kind is not Kind.BATCHNORM or _has_running_stats(b):
             continue
         key = (b.src, b.owner if b.owner is not None else i)
-        needed += key not in seen or spec.writes_in_place()
-        seen.add(key)
+        if key in first and not any(_writes(c) for c in spec.blocks[first[key] : i]):
+            continue
+        first.setdefault(key, i)
+        needed += 1
     return needed
+
+
+def _writes(block: Block) -> bool:
+    """Whether running ``block`` (its hooks included) writes a tensor in place."""
+    return block.inplace or any(h.name in IN_PLACE_HOOKS for h in block.hooks)
 
 
 def ran(report: fxmobile.Report, name: str) -> bool:
