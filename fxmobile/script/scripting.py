@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import inspect
 import operator
 import warnings
 from dataclasses import dataclass
@@ -35,6 +37,7 @@ from torch.utils import _pytree as pytree
 
 from fxmobile import ops
 from fxmobile.capture.checks import deep_copy
+from fxmobile.capture.hooks import hook_kinds
 from fxmobile.errors import InvalidValueError, ScriptingError
 from fxmobile.verify import clone_inputs, compare_outputs, run_model
 
@@ -87,7 +90,7 @@ def to_torchscript(
         return quietly_script(gm), None
     except Exception as exc:
         reason = str(exc).strip().splitlines()
-        first = reason[0] if reason else type(exc).__name__
+        first = _with_hooks_named(gm, reason[0] if reason else type(exc).__name__)
         if example_inputs is None:
             raise ScriptingError(
                 f"torch.jit.script could not compile the optimized {type(gm).__name__}: "
@@ -117,6 +120,30 @@ def to_torchscript(
         f"control flow is fixed to the path those inputs took"
     )
     return traced, note
+
+
+def _with_hooks_named(gm: fx.GraphModule, first: str) -> str:
+    """torch's first line, after the hooks TorchScript cannot compile (any but a plain function:
+    a callable object, a bound method, a ``functools.partial``), named with their modules: its
+    own message names neither ("'Recorder' object has no attribute '__name__'")."""
+    hooks = [
+        f"{path}'s {kind} ({_hook_label(hook)})"
+        for path, module in gm.named_modules()
+        if path
+        for kind, hook in hook_kinds(module)
+        if not inspect.isfunction(hook)
+    ]
+    if not hooks:
+        return first
+    return f"TorchScript compiles plain-function hooks only, not {', '.join(hooks)}: {first}"
+
+
+def _hook_label(hook: Any) -> str:
+    if inspect.ismethod(hook):
+        return f"the bound method {hook.__qualname__}"
+    if isinstance(hook, functools.partial):
+        return "a functools.partial"
+    return f"a {type(hook).__qualname__} object"
 
 
 def _script_with_traced_hooked_leaves(

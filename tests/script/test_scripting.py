@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import warnings
 from typing import Any, ClassVar, NamedTuple
 
@@ -316,19 +317,51 @@ class OneHookedInABlock(nn.Module):
         return self.block(x) * 2
 
 
-def _partly_traced(names: str, plural: bool = False) -> str:
+def _partly_traced(names: str, hooks: str, plural: bool = False) -> str:
     module = "modules" if plural else "module"
     return (
-        f"scripting failed ('Recorder' object has no attribute '__name__'); the hooked {module} "
-        f"{names} traced with the example inputs (the hooks run at trace time), the rest scripted"
+        f"scripting failed (TorchScript compiles plain-function hooks only, not {hooks}: "
+        f"'Recorder' object has no attribute '__name__'); the hooked {module} {names} traced "
+        f"with the example inputs (the hooks run at trace time), the rest scripted"
     )
+
+
+def _scaled(module: nn.Module, args: Any, out: torch.Tensor, scale: float) -> torch.Tensor:
+    return out * scale
+
+
+class HookedByMethodAndPartial(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.recorder = Recorder()
+        self.fc = nn.Linear(4, 4)
+        self.fc.register_forward_hook(self.recorder.__call__)
+        self.out = nn.Linear(4, 2)
+        self.out.register_forward_hook(functools.partial(_scaled, scale=2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.fc(x))
+
+
+def test_the_note_names_each_hook_torchscript_cannot_compile() -> None:
+    model = HookedByMethodAndPartial()
+    gm = _with_leaves(model)
+    x = torch.randn(3, 4)
+    module, note = to_torchscript(gm, (x,))
+    assert note is not None
+    assert note.startswith(
+        "scripting failed (TorchScript compiles plain-function hooks only, not fc's forward hook "
+        "(the bound method Recorder.__call__), out's forward hook (a functools.partial): "
+    )
+    assert_equivalent(model, module, x)
 
 
 def test_two_hooked_modules_are_traced_alone_and_named() -> None:
     gm = _with_leaves(TwoHooked())
     x = torch.randn(3, 4)
     module, note = to_torchscript(gm, (x,))
-    assert note == _partly_traced("fc, out", plural=True)
+    hooks = "fc's forward hook (a Recorder object), out's forward hook (a Recorder object)"
+    assert note == _partly_traced("fc, out", hooks, plural=True)
     assert kinds(module)["aten::relu"] == 1  # scripted around the traced modules
     assert_equivalent(gm, module, x)
 
@@ -337,7 +370,7 @@ def test_a_nested_hooked_module_is_traced_alone_and_the_graph_module_keeps_its_o
     gm = _with_leaves(OneHookedInABlock())
     x = torch.randn(3, 4)
     module, note = to_torchscript(gm, (x,))
-    assert note == _partly_traced("block.0")
+    assert note == _partly_traced("block.0", "block.0's forward hook (a Recorder object)")
     assert type(gm.get_submodule("block.0")) is nn.Linear
     assert_equivalent(gm, module, x)
 
@@ -359,7 +392,8 @@ def test_a_hooked_module_is_traced_with_the_arguments_before_its_pre_hooks() -> 
     gm = _with_leaves(HookedTransposed())
     x = torch.randn(3, 5)
     module, note = to_torchscript(gm, (x,))
-    assert note == _partly_traced("fc")
+    hooks = "fc's forward pre-hook (a Transposes object), fc's forward hook (a Recorder object)"
+    assert note == _partly_traced("fc", hooks)
     assert_equivalent(gm, module, x)
 
 
