@@ -4,6 +4,7 @@ which the oracle itself was once too tight."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 
 import pytest
@@ -819,6 +820,42 @@ def test_regression_a_whole_graph_trace_that_drops_a_write_through_data_is_refus
     with pytest.raises(ScriptingError, match="computes something else than"):
         fxmobile.optimize(model, example_inputs=x, check="off")
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+class DeadConsumers(nn.Module):
+    """Each producer has a consumer whose value is never used."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(2, 1, 1))
+        self.conv = nn.Conv2d(2, 3, 1)
+        self.bn = nn.BatchNorm2d(3)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = F.conv_transpose1d(x, self.weight)
+        self.act(y)  # computed, never used
+        z = self.conv(x.unsqueeze(-1))
+        torch.sigmoid(z)
+        return F.dropout(y, 0.0, self.training) + 1, self.bn(z)
+
+
+def test_regression_a_value_computed_and_never_used_does_not_block_a_fold() -> None:
+    """F19 (long profile, fx, seed 2036, after 11,654 models): a conv_transpose1d whose output
+    also fed a relu nobody used kept its ``+ 1`` unfolded ("conv output has 2 users"): dead code
+    went only after the folds. It now goes before them too."""
+    model = DeadConsumers().eval()
+    randomize_batchnorm(model)
+    x = torch.randn(1, 2, 3)
+    result = fxmobile.optimize_fx(model, example_inputs=x)
+    report = result.report
+    assert report.record("fold_conv_arithmetic").rewrites == 1
+    assert report.record("fold_batchnorm").rewrites == 1
+    early = report.passes[2]
+    assert early.name == "eliminate_dead_code" and early.nodes_before - early.nodes_after == 2
+    targets = [n.target for n in result.graph_module.graph.nodes if n.op != "placeholder"]
+    assert operator.add not in targets and torch.sigmoid not in targets
+    assert_equivalent(model, result.graph_module, x)
 
 
 class NoiseAfterARecordedBatchNorm(nn.Module):

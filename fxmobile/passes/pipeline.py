@@ -1,12 +1,14 @@
 """The default order of the FX passes: one tuple, in one place.
 
-Removals first (so folding sees producers and their consumers directly), then constant folding
-(a weight computed from parameters becomes a plain attribute that later folds can use), then
-BatchNorm folding into producers; a BatchNorm that could not fold becomes ``x * s + t``, which
-constant-arithmetic folding can still push into a producer (a Linear followed by BatchNorm1d
-ends up fully folded); dead code after that. Channels-last runs after everything that rewrites
-weights (on for the CPU backend of ``optimize``, opt-in elsewhere), and when the graph is to be
-scripted, leaf-module inlining comes last.
+Removals first (so folding sees producers and their consumers directly), with dead code (a value
+the model computes and never uses is still a consumer, and a producer with two consumers does
+not fold), then constant folding (a weight computed from parameters becomes a plain attribute
+that later folds can use), then BatchNorm folding into producers; a BatchNorm that could not
+fold becomes ``x * s + t``, which constant-arithmetic folding can still push into a producer (a
+Linear followed by BatchNorm1d ends up fully folded); dead code again after that (what the folds
+left unused). Channels-last runs after everything that rewrites weights (on for the CPU backend
+of ``optimize``, opt-in elsewhere), and when the graph is to be scripted, leaf-module inlining
+comes last.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from fxmobile.passes.to_channels_last import ToChannelsLast
 DEFAULT_FX_PASSES: tuple[type[FxPass], ...] = (
     RemoveDropout,
     RemoveIdentity,
+    EliminateDeadCode,
     FoldConstants,
     FoldBatchNorm,
     DecomposeBatchNorm,
