@@ -20,8 +20,10 @@ view, input, constant or attribute; in-place ops after that are followed back, a
 The result must have the written tensor's shape and
 dtype: unary ops keep both on floating tensors (a prepacked op's output, or the example
 inputs show it floating); a binary op is rewritten only in ``forward`` with example inputs,
-where a run shows the written operand already has the result's shape and dtype (an in-place op
-cannot broadcast its first operand). With other input shapes that would make the written operand
+where they show the written operand already has the result's shape and dtype (an in-place op
+cannot broadcast its first operand): through the ops' own rules (``static_shapes``: convs,
+pooling, broadcasting...), or from one run when an op this pass could rewrite reads a tensor
+those rules do not reach. With other input shapes that would make the written operand
 broadcast, the in-place op raises where the original returned; it never returns other numbers.
 """
 
@@ -38,6 +40,7 @@ from fxmobile.options import MobileOptimizerType
 from fxmobile.script.graph_utils import method_graphs
 from fxmobile.script.probe import probe
 from fxmobile.script.stage import ScriptContext, ScriptPass
+from fxmobile.script.static_shapes import scalar_type_number, static_shapes
 
 # Activations that stay out of the prepacked ops (clamps fuse into them, so relu, hardtanh and
 # clamp are left to fuse_clamp and the clamps it leaves stay as they are).
@@ -55,6 +58,7 @@ READ_ELSEWHERE = "operand read after, returned, viewed, or not made fresh in the
 SHAPE_UNKNOWN = "binary op outside forward or without example inputs: shapes unknown"
 BROADCASTS = "no operand has the result's shape and dtype"
 NOT_FLOATING = "dtype unknown or not floating"
+NOT_KNOWN = "shape or dtype not known: the method did not run on the example inputs"
 NO_PACKED_READER = "binary op whose result no prepacked op reads: no copy to save"
 OUT_VARIANT = "op writes its out= argument: no in-place overload takes one"
 
@@ -73,7 +77,7 @@ class UseInplaceOps(ScriptPass):
         rewrites = 0
         for name, graph in zip(ctx.methods, method_graphs(module, ctx.methods), strict=True):
             inputs = ctx.example_inputs if name == "forward" else None
-            facts = _probe(module, graph, inputs) if inputs is not None else None
+            facts = _facts(module, graph, inputs) if inputs is not None else None
             for node in list(graph.nodes()):
                 if node.kind() not in UNARY | BINARY:
                     continue
@@ -113,18 +117,22 @@ def choose_target(node: torch._C.Node, facts: Facts | None) -> tuple[int | None,
     if kind in UNARY:
         value = node.inputsAt(0)
         producer = value.node().kind()
-        floating = producer in PACKED_RUNS or (
-            facts is not None and value in facts and facts[value].floating
-        )
+        if producer in PACKED_RUNS:
+            return 0, None
+        if facts is not None and value not in facts:
+            return None, NOT_KNOWN
+        floating = facts is not None and facts[value].floating
         return (0, None) if floating else (None, NOT_FLOATING)
     if not any(use.user.kind() in PACKED_RUNS for use in node.output().uses()):
         return None, NO_PACKED_READER
     if facts is None:
         return None, SHAPE_UNKNOWN
     result = facts.get(node.output())
-    for i in fresh:
-        operand = facts.get(node.inputsAt(i))
-        if result is not None and operand == result and result.floating:
+    operands = [facts.get(node.inputsAt(i)) for i in fresh]
+    if result is None or None in operands:
+        return None, NOT_KNOWN
+    for i, operand in zip(fresh, operands, strict=True):
+        if operand == result and result.floating:
             return i, None
     return None, BROADCASTS
 
@@ -187,6 +195,25 @@ _FACTS = (
     ("prim::dtype", torch._C.IntType.get()),
     ("aten::is_floating_point", torch._C.BoolType.get()),
 )
+
+
+def _facts(
+    module: torch.jit.ScriptModule, graph: torch._C.Graph, inputs: Sequence[Any]
+) -> Facts | None:
+    """What the example inputs say about the tensors of ``graph``'s top-level block: what
+    follows from them without a run (``static_shapes``), or, when an op this pass could rewrite
+    needs more, one run's (kept to the static facts when the run fails)."""
+    facts = {
+        value: Fact(list(meta.shape), scalar_type_number(meta.dtype), meta.dtype.is_floating_point)
+        for value, meta in static_shapes(module, graph, inputs).items()
+    }
+    if not any(
+        node.kind() in UNARY | BINARY and choose_target(node, facts)[1] == NOT_KNOWN
+        for node in graph.nodes()
+    ):
+        return facts
+    probed = _probe(module, graph, inputs)
+    return facts if probed is None else probed
 
 
 def _probe(

@@ -3,6 +3,8 @@ where a write could be seen is left alone, with the reason."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -71,6 +73,43 @@ def test_fused_add_relu_runs_in_place() -> None:
     result = fxmobile.optimize(model, example_inputs=x)
     kinds = _kinds(result.module)
     assert "aten::_add_relu_" in kinds and "aten::_add_relu" not in kinds
+    assert_equivalent(model, result.module, x)
+
+
+def _count_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry per run use_inplace_ops makes."""
+    runs: list[int] = []
+    real = inplace._probe
+
+    def counted(*args: Any) -> Any:
+        runs.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(inplace, "_probe", counted)
+    return runs
+
+
+def test_shapes_that_follow_from_the_inputs_need_no_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The add's operands are a conv's output and the input: static_shapes gives both."""
+    runs = _count_runs(monkeypatch)
+    model = _Residual().eval()
+    x = torch.randn(1, 4, 5, 5)
+    result = fxmobile.optimize(model, example_inputs=x)
+    assert "aten::_add_relu_" in _kinds(result.module)
+    assert runs == []
+
+
+def test_a_shape_that_does_not_follow_is_taken_from_one_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """static_shapes has no rule for mean, so the squeeze-excitation mul's shapes come from a
+    run, and the mul is still written in place."""
+    runs = _count_runs(monkeypatch)
+    model = randomize_batchnorm(_SqueezeExcite()).eval()
+    x = torch.randn(2, 4, 6, 6)
+    result = fxmobile.optimize(model, example_inputs=x)
+    assert "aten::mul_" in _kinds(result.module)
+    assert runs == [1]
     assert_equivalent(model, result.module, x)
 
 
