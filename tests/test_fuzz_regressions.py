@@ -858,6 +858,26 @@ def test_regression_a_value_computed_and_never_used_does_not_block_a_fold() -> N
     assert_equivalent(model, result.graph_module, x)
 
 
+class EmptyIndexWrite(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(x) + 0
+        y.data[()].t().add_(0.5)  # x[()] is a view of the whole tensor
+        return y
+
+
+def test_regression_an_empty_index_is_scripted_not_traced() -> None:
+    """F20 (long profile, script-cpu, seed 2043, after 9,277 models): TorchScript cannot compile
+    ``y[()]`` ("unsupported index type 'Tuple[()]'"), so the optimized graph went to
+    torch.jit.trace, which does not record the write through ``.data``, and the model was
+    refused. The index is now written as ``aten::alias``, the op ATen runs for it."""
+    model = EmptyIndexWrite().eval()
+    x = torch.randn(1, 3)
+    result = fxmobile.optimize(model, example_inputs=x)
+    assert result.report.route == "torch.fx" and result.report.notes == []
+    assert "aten::alias" in [n.kind() for n in result.module.graph.nodes()]
+    assert torch.equal(result.module(x), model(x))
+
+
 class NoiseAfterARecordedBatchNorm(nn.Module):
     """The whole optimized graph is traced (as above), and forward samples noise."""
 

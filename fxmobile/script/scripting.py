@@ -33,12 +33,14 @@ from typing import Any
 
 import torch
 from torch import fx, nn
+from torch.fx.passes.shape_prop import TensorMetadata
 from torch.utils import _pytree as pytree
 
 from fxmobile import ops
 from fxmobile.capture.checks import deep_copy
 from fxmobile.capture.hooks import hook_kinds
 from fxmobile.errors import InvalidValueError, ScriptingError
+from fxmobile.passes.graph_utils import tensor_meta
 from fxmobile.verify import clone_inputs, compare_outputs, run_model
 
 
@@ -72,6 +74,26 @@ def _alias_aware_type_as(gm: fx.GraphModule) -> None:
     gm.recompile()
 
 
+def _scriptable_empty_index(gm: fx.GraphModule) -> None:
+    """``x[()]`` -> ``aten::alias(x)``: the op ATen's indexing runs for an empty index (a view of
+    the whole tensor), which TorchScript cannot compile as an index ("unsupported index type
+    'Tuple[()]'"); without it such a graph went to torch.jit.trace."""
+    for node in gm.graph.nodes:
+        if (
+            node.op == "call_function"
+            and node.target is operator.getitem
+            and node.args[1] == ()
+            and _is_tensor(node.args[0])
+        ):
+            node.target, node.args = torch.ops.aten.alias, (node.args[0],)
+    gm.recompile()
+
+
+def _is_tensor(arg: Any) -> bool:
+    """Whether shape propagation saw a tensor in ``arg`` (``d[()]`` is a key on a dict)."""
+    return isinstance(arg, fx.Node) and isinstance(tensor_meta(arg), TensorMetadata)
+
+
 def _drop_return_annotation(gm: fx.GraphModule) -> None:
     for node in gm.graph.nodes:
         if node.op == "output":
@@ -86,6 +108,7 @@ def to_torchscript(
     (a trace that does not replay ``gm`` on the example inputs raises ``ScriptingError``)."""
     _drop_return_annotation(gm)
     _alias_aware_type_as(gm)
+    _scriptable_empty_index(gm)
     try:
         return quietly_script(gm), None
     except Exception as exc:
