@@ -65,8 +65,9 @@ def test_mismatch_raises_naming_output_error_and_first_diverging_pass(entry: str
     assert "does not match eager: output is off by" in message
     assert "the outputs first diverge after fx pass 'fold_batchnorm'" in message
     assert err.report.numerics_passed is False
-    assert [r.name for r in err.report.passes][:4] == [
-        "remove_dropout", "remove_identity", "fold_constants", "fold_batchnorm"
+    assert [r.name for r in err.report.passes][:5] == [
+        "remove_dropout", "remove_identity", "eliminate_dead_code", "fold_constants",
+        "fold_batchnorm",
     ]  # fmt: skip
 
 
