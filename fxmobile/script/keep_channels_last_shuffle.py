@@ -1,25 +1,25 @@
 """Keep a channels-last network channels-last through a channel shuffle (ShuffleNet's idiom).
 
-    v = x.view(b, g, c // g, h, w)          v = x.view(b, g, c // g, h, w)
-    t = v.transpose(1, 2)             ->    t = v.transpose(1, 2)
-    s = t.contiguous()                      y = torch.empty_like(x, memory_format=channels_last)
-    y = s.view(b, c, h, w)                  y.view(b, c // g, g, h, w).copy_(t)
+    v = x.view(b, g, c // g, h, w)
+    t = v.transpose(1, 2)             ->    y = torch.channel_shuffle(x, g)
+    s = t.contiguous()
+    y = s.view(b, c, h, w)
 
-``contiguous`` lays ``t`` out NCHW, so ``y`` comes out NCHW and every convolution after it
-converts to NHWC and back (upstream's XNNPACK ops and fxmobile's kernels both compute in NHWC
-and return their input's layout). The rewrite writes the same elements, with the same one copy,
-into a channels-last tensor of ``x``'s shape: ``y[:, i*g + j] = t[:, i, j]`` either way, and
-``y.view(b, c // g, g, h, w)`` exists exactly when the first view did (``g * (c // g) == c``).
-A freshly allocated ``y`` has channels-last strides in every dimension, which the kernels'
-layout test needs (a ``reshape`` of a permuted copy leaves a batch-1 stride that makes them
-take it for NCHW).
+``contiguous`` lays ``t`` out NCHW, so ``y`` came out NCHW and every convolution after it
+converted to NHWC and back (upstream's XNNPACK ops and fxmobile's kernels both compute in NHWC
+and return their input's layout). ``aten::channel_shuffle`` computes the same elements
+(``y[:, i*g + j] = x[:, j*(c // g) + i]``) and returns a channels-last input's layout; its
+kernel moves each pixel's channels in one pass, 4-5x faster than the strided copy on torch
+2.12.1 and 1.13.1 (a [1, 116, 28, 28] shuffle: 10 against 43 us, 1 thread). Both runtimes
+have it.
 
-Only the exact idiom: the last view's sizes are ``x``'s own (``b``, ``h`` and ``w`` the values
-of the first view, the channels read from ``x.size()``), the shuffled tensor has no other
-user, the layout change already reached ``x`` (a forward input made channels-last by the FX
-stage's ``to_channels_last`` or by ``make_inputs_channels_last``) and nothing in the chain is
-written in place. The rewritten forward is run on the example inputs and every change is
-undone when an output's values or strides differ from before.
+Only the exact idiom: every size of the last view is ``x``'s own, read from ``x.size()`` (so
+the first view's ``g * (c // g)`` is ``c``, as ``channel_shuffle`` needs), the first view's
+batch and spatial sizes are the same values, the shuffled tensor has no other user, the layout
+change already reached ``x`` (a forward input made channels-last by the FX stage's
+``to_channels_last`` or by ``make_inputs_channels_last``) and nothing in the chain is written
+in place. The rewritten forward is run on the example inputs and every change is undone when an
+output's values or strides differ from before.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.script.aliasing import root, written_roots
 from fxmobile.script.graph_utils import constant
+from fxmobile.script.jit_passes import jit
 from fxmobile.script.make_inputs_channels_last import (
     CHANNELS_LAST,
     CONTIGUOUS,
@@ -50,11 +51,11 @@ CHANGED = "undone: the rewritten forward differs on the example inputs"
 
 
 class KeepChannelsLastShuffle(ScriptPass):
-    """ShuffleNet's channel shuffle written as one channels-last copy; any other shuffle, or one
-    whose tensors are written in place or read elsewhere, is left with the reason."""
+    """ShuffleNet's channel shuffle written as ``aten::channel_shuffle``; any other shuffle, or
+    one whose tensors are written in place or read elsewhere, is left with the reason."""
 
     optimization = MobileOptimizerType.CHANNELS_LAST
-    summary = "channel shuffle (view, transpose, contiguous, view) -> a channels-last copy"
+    summary = "channel shuffle (view, transpose, contiguous, view) -> aten::channel_shuffle"
 
     def call(
         self, module: torch.jit.ScriptModule, ctx: ScriptContext
@@ -90,6 +91,7 @@ class KeepChannelsLastShuffle(ScriptPass):
             return PassResult(module, 0, dict(skips))
         for last, _ in done:
             _finish(last)
+        jit._jit_pass_dce(graph)  # the transposes, first views and size arithmetic left unread
         return PassResult(module, len(chosen), dict(skips))
 
 
@@ -123,7 +125,7 @@ def _converted_inputs(graph: torch._C.Graph) -> list[torch._C.Value]:
 def why_not_rewrite(
     shuffle: torch._C.Node, reached: set[torch._C.Value], written: set[torch._C.Value]
 ) -> str | None:
-    """None when ``shuffle`` (the shuffle's ``contiguous``) may become a channels-last copy, else
+    """None when ``shuffle`` (the shuffle's ``contiguous``) may become ``channel_shuffle``, else
     why not."""
     view = shuffle.inputsAt(0).node().inputsAt(0).node()
     uses = shuffle.output().uses()
@@ -146,66 +148,56 @@ def _back_to_input_shape(view: torch._C.Node, last: torch._C.Node) -> bool:
     sizes = last.inputsAt(1).node()
     if sizes.kind() != "prim::ListConstruct" or len(list(sizes.inputs())) != 4:
         return False
-    b, c, h, w = sizes.inputs()
-    return (b, h, w) == (first[0], first[3], first[4]) and _channels_of(c, x)
+    sizes_of_x = list(sizes.inputs())
+    return (sizes_of_x[0], sizes_of_x[2], sizes_of_x[3]) == (first[0], first[3], first[4]) and all(
+        _size_of(value, x, dim) for dim, value in enumerate(sizes_of_x)
+    )
 
 
-def _channels_of(value: torch._C.Value, x: torch._C.Value) -> bool:
-    """``value`` is ``x.size(1)``, ``x.size()[1]`` or the second of ``x.size()`` unpacked."""
+def _size_of(value: torch._C.Value, x: torch._C.Value, dim: int) -> bool:
+    """``value`` is ``x.size(dim)``, ``x.size()[dim]`` or that one of ``x.size()`` unpacked."""
     node = value.node()
     if node.kind() == "aten::size" and len(list(node.inputs())) == 2:
-        return node.inputsAt(0) == x and constant(node.inputsAt(1)) == 1
+        return node.inputsAt(0) == x and constant(node.inputsAt(1)) == dim
     if node.kind() == "aten::__getitem__":
         source = node.inputsAt(0).node()
         return (
             source.kind() == "aten::size"
             and source.inputsAt(0) == x
             and len(list(source.inputs())) == 1
-            and constant(node.inputsAt(1)) == 1
+            and constant(node.inputsAt(1)) == dim
         )
     if node.kind() == "prim::ListUnpack":
         source = node.inputsAt(0).node()
         return (
             source.kind() == "aten::size"
             and source.inputsAt(0) == x
-            and (list(node.outputs()).index(value) == 1)
+            and (list(node.outputs()).index(value) == dim)
         )
     return False
 
 
 def _rewrite(graph: torch._C.Graph, shuffle: torch._C.Node) -> tuple[torch._C.Node, list[Any]]:
-    """Insert the channels-last shuffle and route the last view's users to it; the last view
-    and the values inserted, for ``_undo`` or ``_finish``."""
-    g: Any = graph  # torch's stubs omit insertConstant and Graph.insert's list form
+    """Insert ``channel_shuffle(x, groups)`` and route the last view's users to it; the last
+    view and the value inserted, for ``_undo`` or ``_finish``."""
+    g: Any = graph  # torch's stubs omit Graph.insert's list form
     last = shuffle.output().uses()[0].user
-    t = shuffle.inputsAt(0)
-    view = t.node().inputsAt(0).node()
-    x = view.inputsAt(0)
-    b, groups, per_group, h, w = view.inputsAt(1).node().inputs()
+    view = shuffle.inputsAt(0).node().inputsAt(0).node()
+    x, groups = view.inputsAt(0), view.inputsAt(1).node().inputsAt(1)
     with graph.insert_point_guard(last):
-        none, fmt = g.insertConstant(None), g.insertConstant(CHANNELS_LAST)
-        empty = graph.create("aten::empty_like", [x, none, none, none, none, fmt], 1)
-        empty.insertBefore(last)
-        y = empty.output()
-        sizes = graph.create("prim::ListConstruct", [b, per_group, groups, h, w], 1)
-        sizes.insertBefore(last)
-        sizes.output().setType(view.inputsAt(1).type())
-        y5 = g.insert("aten::view", [y, sizes.output()])
-        copied = g.insert("aten::copy_", [y5, t])
+        y = g.insert("aten::channel_shuffle", [x, groups])
     y.setType(last.output().type())
-    for value in (y5, copied):
-        value.setType(t.type())
     last.output().replaceAllUsesWith(y)
-    return last, [copied, y5, sizes.output(), y, fmt, none]
+    return last, [y]
 
 
 def _undo(last: torch._C.Node, inserted: list[Any]) -> None:
-    inserted[3].replaceAllUsesWith(last.output())
-    for value in inserted:
-        value.node().destroy()
+    inserted[0].replaceAllUsesWith(last.output())
+    inserted[0].node().destroy()
 
 
 def _finish(last: torch._C.Node) -> None:
+    """Drop the idiom's last view and ``contiguous``; dead code elimination takes the rest."""
     shuffle = last.inputsAt(0).node()
     last.destroy()
     shuffle.destroy()

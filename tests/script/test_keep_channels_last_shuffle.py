@@ -44,8 +44,8 @@ def test_shuffle_stays_channels_last_on_both_routes() -> None:
         result = fxmobile.optimize(source, example_inputs=x)
         assert _record(result).rewrites == 1
         kinds = _kinds(result.module)
-        assert "aten::transpose" in kinds and "aten::copy_" in kinds
-        assert kinds.count("aten::empty_like") == 1
+        assert kinds.count("aten::channel_shuffle") == 1
+        assert not {"aten::transpose", "aten::copy_", "aten::view"} & set(kinds)
         assert_equivalent(model, result.module, x)
 
 
@@ -163,20 +163,25 @@ def test_every_way_of_reading_the_channels_is_recognised() -> None:
         assert dict(record.skips) == {}
 
 
-def test_the_rewrite_allocates_channels_last_and_drops_the_nchw_copy() -> None:
-    """One channels-last ``empty_like`` replaces the shuffle's ``contiguous`` (the only
-    contiguous left are the input's and the output's conversions)."""
+def test_the_rewrite_is_one_channel_shuffle_of_the_channels_last_input() -> None:
+    """``channel_shuffle(x, 2)`` replaces the idiom, and its NCHW ``contiguous`` goes (the only
+    contiguous left are the input's and the output's conversions); its output is channels-last
+    and equal to eager's shuffle."""
     model = randomize_batchnorm(_Shuffles()).eval()
     x = torch.randn(1, 3, 8, 8)
     result = fxmobile.optimize(torch.jit.script(model), example_inputs=x)
-    empty = [n for n in result.module.graph.nodes() if n.kind() == "aten::empty_like"]
-    assert len(empty) == 1
-    assert list(empty[0].inputs())[-1].toIValue() == 2  # torch.channels_last
+    (node,) = [n for n in result.module.graph.nodes() if n.kind() == "aten::channel_shuffle"]
+    assert node.inputsAt(0).node().kind() == "aten::cat"  # the block's two branches
+    assert node.inputsAt(1).toIValue() == 2
     contiguous = [n for n in result.module.graph.nodes() if n.kind() == "aten::contiguous"]
     assert [n.inputsAt(0).node().kind() for n in contiguous] == [
         "prim::Param",
         "prepacked::conv2d_clamp_run",
     ]
+    y = torch.randn(2, 8, 5, 7).contiguous(memory_format=torch.channels_last)
+    shuffled = torch.channel_shuffle(y, 2)
+    assert shuffled.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(shuffled, channel_shuffle(y, 2))
 
 
 class _Shuffle(nn.Module):
@@ -245,6 +250,7 @@ def test_shuffles_that_are_not_the_exact_idiom_say_why() -> None:
         (_ChannelsOfAnotherTensorsSize(), shuffle.OTHER_SHAPE),
         (_ChannelsOfAnotherTensorsShape(), shuffle.OTHER_SHAPE),
         (_LiteralChannels(), shuffle.OTHER_SHAPE),
+        (_SizesOfAnotherTensor(), shuffle.OTHER_SHAPE),
         (_SwapsHeightAndWidth(), shuffle.OTHER_SHAPE),
         (_ReadsTheShuffledTensor(), shuffle.SHARED),
     ):
@@ -379,8 +385,7 @@ class _WritesItsShuffle(nn.Module):
 
 
 class _ShufflesTheOtherInput(nn.Module):
-    """Shuffles an input that stays NCHW (it meets no convolution), with the batch and spatial
-    sizes read from a converted activation."""
+    """Shuffles an input that stays NCHW (it meets no convolution), beside a converted one."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -388,10 +393,22 @@ class _ShufflesTheOtherInput(nn.Module):
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         y = self.conv(x)
-        b, h, w = y.size(0), y.size(2), y.size(3)
-        c = z.size(1)
+        b, c, h, w = z.size()
         s = z.view(b, 2, c // 2, h, w).transpose(1, 2).contiguous()
         return y + s.view(b, c, h, w)
+
+
+class _SizesOfAnotherTensor(_Shuffle):
+    """The batch and spatial sizes are read from another tensor of the same shape: the idiom
+    asks for the shuffled tensor's own."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        z = torch.relu(y)
+        b, h, w = z.size(0), z.size(2), z.size(3)
+        c = y.size(1)
+        s = y.view(b, 2, c // 2, h, w).transpose(1, 2).contiguous()
+        return self.head(s.view(b, c, h, w) + z)
 
 
 def test_shuffles_the_layout_change_does_not_reach_are_left() -> None:
