@@ -15,6 +15,7 @@ from torch import nn
 import fxmobile
 from fxmobile.backends.xnnpack.fuse_add_relu import ALIASED, MIXED_DTYPES, READ_ELSEWHERE
 from fxmobile.errors import RefusedError, ScriptingError
+from fxmobile.script.aliasing import STRIDES_READ, WRITE_THROUGH_RESHAPE
 from fxmobile.report.records import Stage as RecordStage
 from tests.fuzz.check import Stage, check_model
 from tests.fuzz.hooks import Recorder
@@ -876,6 +877,46 @@ def test_regression_an_empty_index_is_scripted_not_traced() -> None:
     assert result.report.route == "torch.fx" and result.report.notes == []
     assert "aten::alias" in [n.kind() for n in result.module.graph.nodes()]
     assert torch.equal(result.module(x), model(x))
+
+
+class WritesInMemoryOrder(nn.Module):
+    """A 1-channel conv, concatenated, then written through a view that reads memory order."""
+
+    def __init__(self, view: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 1, 1, bias=False)
+        self.view = view
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.cat([self.conv(x), self.conv(x)], 1) + 0
+        self.view(y).add_(0.5)
+        return y
+
+
+@pytest.mark.parametrize(
+    ("view", "reason"),
+    [
+        (lambda y: y.as_strided((4,), (1,)), STRIDES_READ),
+        (lambda y: y.flatten()[:4], WRITE_THROUGH_RESHAPE),
+    ],
+    ids=["as_strided", "flatten"],
+)
+def test_regression_a_method_that_reads_memory_order_keeps_atens_convs(
+    view: Callable[[torch.Tensor], torch.Tensor], reason: str
+) -> None:
+    """F21 (long profile, script-cpu, seed 2046, after 1,132 models): a prepacked run returns a
+    1-channel conv of an NCHW input with channels-last strides (upstream's does too), so the
+    ``cat`` after it came out channels-last and ``as_strided`` wrote other elements than in
+    eager (off by 0.5; the gate caught it, ``check="off"`` handed it back). A write through
+    ``flatten`` lost its write the same way (a copy, not a view, of a channels-last tensor).
+    Such a method keeps ATen's convolutions, with the reason."""
+    torch.manual_seed(0)
+    model = WritesInMemoryOrder(view).eval()
+    x = torch.randn(1, 1, 3, 3)
+    result = fxmobile.optimize(model, example_inputs=x, check="off", channels_last=False)
+    assert result.report.record("insert_prepacked_ops").skips == {reason: 1}  # one conv after CSE
+    with torch.no_grad():
+        assert torch.equal(result.module(x), model(x))
 
 
 class NoiseAfterARecordedBatchNorm(nn.Module):

@@ -39,3 +39,34 @@ def writers(graph: torch._C.Graph) -> list[torch._C.Node]:
 def written_roots(graph: torch._C.Graph) -> set[torch._C.Value]:
     """Roots of every tensor an in-place op writes."""
     return {root(node.inputsAt(0)) for node in writers(graph)}
+
+
+STRIDES_READ = (
+    "method reads strides or storage (as_strided...): a packed op's output strides differ"
+)
+WRITE_THROUGH_RESHAPE = (
+    "method writes through a reshape, flatten, view or contiguous (a view of one layout, a copy "
+    "of another): a packed op's output strides differ"
+)
+
+
+def why_layout_matters(graph: torch._C.Graph) -> str | None:
+    """Why ``graph`` could compute something else when an op returns a tensor of other strides
+    than eager's, or None. A prepacked run returns its result in the layout it computes in: a
+    1-channel conv of an NCHW input comes back with channels-last strides (so does upstream's),
+    and a ``cat`` of it is channels-last. Values stay the same; what reads memory order does not:
+    ``as_strided`` and the other stride readers, and a write through a view that is a copy when
+    the strides differ."""
+    for node in iter_nodes(graph):
+        if node.kind().split("::", 1)[-1] in ops.STRIDE_READERS:
+            return STRIDES_READ
+    for writer in writers(graph):
+        value = writer.inputsAt(0)
+        while True:
+            node = value.node()
+            if node.kind().split("::", 1)[-1] in ops.LAYOUT_DEPENDENT_VIEWS:
+                return WRITE_THROUGH_RESHAPE
+            if not list(node.inputs()) or not ops.script_op(node).view:
+                break
+            value = node.inputsAt(0)
+    return None

@@ -32,6 +32,7 @@ import torch
 
 from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
+from fxmobile.script.aliasing import why_layout_matters
 from fxmobile.script.graph_utils import iter_nodes
 from fxmobile.script.stage import ScriptContext, ScriptPass
 
@@ -92,9 +93,10 @@ class InsertPrepackedOps(ScriptPass):
         for method in ctx.methods:
             graph = module._c._get_method(method).graph
             g: Any = graph  # torch's stubs omit Graph.insert's list form and insertConstant
+            layout = why_layout_matters(graph)
             for node in [n for n in iter_nodes(graph) if n.kind() in self.table]:
                 entry = self.table[node.kind()]
-                reason = can_prepack(node, entry)
+                reason = layout or can_prepack(node, entry)
                 if reason:
                     skips.add(reason)
                     continue

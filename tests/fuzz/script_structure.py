@@ -6,9 +6,10 @@ the frozen, rewritten ``forward`` that ``fxmobile.optimize(..., backend="CPU")``
   one whose module keeps an untraceable hook: no rewrite crosses a hooked module);
 - no dropout is left (every eval-mode dropout, and any with ``p=0``, is the identity);
 - no ``aten::conv2d``, ``aten::conv_transpose2d`` or ``aten::linear`` with a constant weight is
-  left unpacked, except a conv with string padding; an ``aten::conv1d`` stays only where the
-  conv1d -> conv2d rewrite declines (a method that writes in place, or has a conv1d with string
-  padding);
+  left unpacked, except a conv with string padding, and in a method that writes through
+  ``as_strided`` or a reshape, flatten or view (a prepacked op may return other strides); an
+  ``aten::conv1d`` stays only where the conv1d -> conv2d rewrite declines (a method that writes
+  in place, or has a conv1d with string padding);
 - a clamping activation that alone reads a prepacked run, whose packed context no other run
   shares and has no bounds yet, is fused into it (``fuse_clamp``).
 
@@ -143,7 +144,8 @@ def check_script_structure(
         for n in _nodes(module, PREPACKABLE)
         if _constant_weight(n) and (n.kind() == "aten::linear" or not _string_padding(n))
     ]
-    assert not unpacked, f"ops with constant weights left unpacked: {unpacked}"
+    if not spec.reads_memory_order():
+        assert not unpacked, f"ops with constant weights left unpacked: {unpacked}"
     # the rewrite declines a method that writes in place, or has a conv1d with string padding
     # (torch's pass would rewrite every conv1d of the method, and breaks those)
     conv1d = _nodes(module, {"aten::conv1d"})

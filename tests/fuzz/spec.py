@@ -16,11 +16,22 @@ from typing import Any
 import torch
 from torch import nn
 
+from tests.fuzz.views import VIEWS
+
 CHANNEL_CAP = 16
 SPATIAL_CAP = {1: 16, 2: 12, 3: 7}  # every value's spatial sizes stay within its rank's cap
 INPUT_SPATIAL = {1: (3, 9), 2: (3, 9), 3: (3, 6)}
 FLATTEN_CAP = 2048  # features a flatten may produce (the Linear after it stays small)
 MAX_BLOCKS = 8
+
+
+# The fuzzer's views that read memory order or copy for some strides, and the view, reshape and
+# unflatten spellings the README's rule names whatever the shape.
+MEMORY_ORDER_VIEWS = frozenset(
+    name
+    for name, view in VIEWS.items()
+    if view.layout_dependent or view.reads_strides or view.family in ("view", "unflatten")
+)
 
 
 class Kind(enum.Enum):
@@ -174,6 +185,16 @@ class ModelSpec:
         """Whether running the model writes any tensor in place (hooks included)."""
         hooks = [*self.root_hooks, *(h for b in self.blocks for h in b.hooks)]
         return any(b.inplace for b in self.blocks) or any(h.name in IN_PLACE_HOOKS for h in hooks)
+
+    def reads_memory_order(self) -> bool:
+        """Whether a view-write block goes through ``as_strided`` or a reshape, flatten or view
+        (the README: such a method keeps ATen's convolutions, since a prepacked op may return
+        other strides than eager's)."""
+        return any(
+            b.kind is Kind.VIEW_WRITE
+            and any(v[0] in MEMORY_ORDER_VIEWS for v in b.options["views"])
+            for b in self.blocks
+        )
 
     def __repr__(self) -> str:
         extras = [f"output_type={self.output_type}"] if self.output_type != "plain" else []
