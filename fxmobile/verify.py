@@ -133,7 +133,7 @@ def check_input_writes(
     written = [
         i
         for i, (b, a) in enumerate(zip(before, eager_leaves, strict=True))
-        if isinstance(b, torch.Tensor) and not _same(b, a)
+        if isinstance(b, torch.Tensor) and not same_values(b, a)
     ]
     if not written:
         return
@@ -143,7 +143,7 @@ def check_input_writes(
     graph_leaves = pytree.tree_leaves(graph_inputs)
     names = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
     for i in written:
-        if not _same(graph_leaves[i], eager_leaves[i]):
+        if not same_values(graph_leaves[i], eager_leaves[i]):
             name = repr(names[i]) if len(names) == len(before) else f"#{i}"
             raise InputWriteError(
                 f"{model_name}.forward writes to its input {name} in place, and torch.fx did "
@@ -153,7 +153,7 @@ def check_input_writes(
             )
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit-for-bit the same values, NaN equal to NaN (an input may hold NaN)."""
     if torch.equal(a, b):
         return True

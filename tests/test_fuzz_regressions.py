@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -14,9 +15,11 @@ from torch import nn
 
 import fxmobile
 from fxmobile.backends.xnnpack.fuse_add_relu import ALIASED, MIXED_DTYPES, READ_ELSEWHERE
+from fxmobile.capture.checks import deep_copy
 from fxmobile.errors import RefusedError, ScriptingError
-from fxmobile.script.aliasing import STRIDES_READ, WRITE_THROUGH_RESHAPE
 from fxmobile.report.records import Stage as RecordStage
+from fxmobile.script.aliasing import STRIDES_READ, WRITE_THROUGH_RESHAPE
+from fxmobile.script.scripting import quietly_script
 from tests.fuzz.check import Stage, check_model
 from tests.fuzz.hooks import Recorder
 from tests.fuzz.oracle import assert_acts_like_eager
@@ -917,6 +920,87 @@ def test_regression_a_method_that_reads_memory_order_keeps_atens_convs(
     assert result.report.record("insert_prepacked_ops").skips == {reason: 1}  # one conv after CSE
     with torch.no_grad():
         assert torch.equal(result.module(x), model(x))
+
+
+class CachedDouble(nn.Module):
+    """Fills its cache on the first call: torch.fx declines the model, which is traced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache: dict[str, torch.Tensor] = {}
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        if "scale" not in self.cache:
+            self.cache["scale"] = torch.full_like(y, 2.0)
+        return y * self.cache["scale"]
+
+
+class ClampsItsInputThroughADropout(nn.Module):
+    """Writes the caller's input through an eval-mode dropout of a view of it."""
+
+    def __init__(self, cached_inside: bool) -> None:
+        super().__init__()
+        self.cached = CachedDouble()
+        self.cached_inside = cached_inside
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.dropout(x.unsqueeze(-1), 0.0, self.training)
+        if self.cached_inside:  # the tracer sees y go into a submodule and keeps the write
+            out = torch.relu(self.cached(y))
+        else:  # the tracer sees nothing read y after the write, and drops it itself
+            out = torch.relu(y * 2.0) + self.cached(x).sum()
+        torch.clamp_(y, 0.0, 0.05)
+        return out
+
+
+def test_regression_a_write_through_a_traced_dropout_reaches_the_input() -> None:
+    """F22 (long profile, script-cpu, seed 2047): the trace recorded ``aten::dropout(y, 0.,
+    False)``, whose schema says it returns a fresh tensor, so freezing's dead code elimination
+    dropped the ``clamp_`` through it: the caller's input was left unwritten (off by 2.18), and
+    the gate, comparing outputs, passed. Dropouts that return their input now leave the trace
+    before freezing."""
+    model = ClampsItsInputThroughADropout(cached_inside=True).eval()
+    x = torch.randn(1, 2, 8)
+    result = fxmobile.optimize(model, example_inputs=x)
+    assert result.report.route == "torch.jit.trace"
+    mine, theirs = x.clone(), x.clone()
+    with torch.no_grad():
+        torch.testing.assert_close(result.module(mine), deep_copy(model)(theirs))
+    assert torch.equal(mine, theirs) and torch.equal(mine, x.clamp(0.0, 0.05))
+
+
+def test_a_trace_that_drops_a_write_to_the_input_is_refused() -> None:
+    """When the tracer itself drops that write (nothing it recorded reads ``y`` after it), the
+    trace's replay against the model now compares the inputs each call leaves, not only the
+    outputs, and the trace is refused."""
+    model = ClampsItsInputThroughADropout(cached_inside=False).eval()
+    with pytest.raises(ScriptingError, match="computes something else than forward"):
+        fxmobile.optimize(model, example_inputs=torch.randn(1, 2, 8))
+
+
+class ScriptFailsOnItsHook(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+
+def _untyped_hook(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+    return output
+
+
+def test_regression_a_failed_scripting_does_not_poison_the_next_one() -> None:
+    """F23 (long profile, script-cpu, seed 2047): torch keeps the module types a failed
+    ``torch.jit.script`` made, methods half defined, so the next attempt on an equal module
+    failed with "Can't redefine method: forward" instead of the real error, and the fuzzer's
+    model was refused with a message the README does not give. A failed attempt now forgets
+    the types it did not finish."""
+    model = ScriptFailsOnItsHook()
+    model.register_forward_hook(_untyped_hook)
+    messages = []
+    for _ in range(2):
+        with pytest.raises(RuntimeError) as caught:
+            quietly_script(model)
+        messages.append(str(caught.value).strip().splitlines()[0])
+    assert messages[0] == messages[1] and "Can't redefine" not in messages[1]
 
 
 class NoiseAfterARecordedBatchNorm(nn.Module):

@@ -46,8 +46,7 @@ class RemoveDropout(CountingScriptPass):
             for node in list(iter_nodes(graph)):
                 if node.kind() not in DROPOUT_KINDS:
                     continue
-                # toIValue: the value of a constant, None for anything else
-                if _p_is_zero(node) or (in_forward and node.inputsAt(2).toIValue() is False):
+                if returns_its_input(node, in_forward):
                     node.output().replaceAllUsesWith(node.inputsAt(0))
                     node.destroy()
                     continue
@@ -56,6 +55,12 @@ class RemoveDropout(CountingScriptPass):
                     f"False outside forward"
                 )
         return module, dict(skips)
+
+
+def returns_its_input(node: torch._C.Node, in_forward: bool = True) -> bool:
+    """A dropout call whose ``p`` is the constant 0, or, in ``forward``, whose ``train`` is the
+    constant False (toIValue: a constant's value, None for anything else)."""
+    return _p_is_zero(node) or (in_forward and node.inputsAt(2).toIValue() is False)
 
 
 def _p_is_zero(node: torch._C.Node) -> bool:

@@ -41,7 +41,9 @@ from fxmobile.capture.checks import deep_copy
 from fxmobile.capture.hooks import hook_kinds
 from fxmobile.errors import InvalidValueError, ScriptingError
 from fxmobile.passes.graph_utils import tensor_meta
-from fxmobile.verify import clone_inputs, compare_outputs, run_model
+from fxmobile.script.graph_utils import iter_nodes
+from fxmobile.script.remove_dropout import DROPOUT_KINDS, returns_its_input
+from fxmobile.verify import clone_inputs, compare_outputs, same_values
 
 
 def quietly_script(module: torch.nn.Module) -> torch.jit.ScriptModule:
@@ -51,11 +53,24 @@ def quietly_script(module: torch.nn.Module) -> torch.jit.ScriptModule:
     instance of the same classes: never rewrite its graphs in place before freezing, which
     gives the frozen module types of its own.
     """
+    store = torch.jit._recursive.concrete_type_store
+    before = {cls: list(types) for cls, types in store.type_store.items()}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*torch\.jit\.script. is deprecated")
         # about how the TorchScript frontend reads some torchvision __init__ annotations
         warnings.filterwarnings("ignore", message="The TorchScript type system doesn't support")
-        return torch.jit.script(module)
+        try:
+            return torch.jit.script(module)
+        except Exception:
+            # torch keeps the types this attempt made, their methods half defined: scripting
+            # an equal module again then fails with "Can't redefine method: forward" instead
+            # of the real error (found by the fuzzer). Forget the ones it did not finish.
+            for cls, types in store.type_store.items():
+                kept = before.get(cls, [])
+                store.type_store[cls] = [
+                    t for t in types if t in kept or t in store.methods_compiled
+                ]
+            raise
 
 
 def clone_script_module(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
@@ -292,19 +307,29 @@ def fallback_to_torchscript(model: nn.Module, example_inputs: tuple[Any, ...] | 
 def _replays(traced: torch.jit.ScriptModule, reference: nn.Module, inputs: tuple[Any, ...]) -> bool:
     """Whether ``traced`` returns what ``reference`` (``_trace``'s copy of the model, called
     once, as the traced module's state was while it was traced: a counter, a cache) returns on
-    its next call, within 1e-5 of each output's scale: the tracer records only the ops it sees,
-    and a write through ``.data`` is not one of them. Both calls draw from the same random
-    seed, so a model that samples noise replays too."""
+    its next call, within 1e-5 of each output's scale, and leaves its inputs as that call does:
+    the tracer records only the ops it sees (a write through ``.data`` is not one), and drops
+    a write it thinks no one reads (through an eval-mode dropout's result, whose schema says
+    it is fresh). Both calls draw from the same random seed, so a model that samples noise
+    replays too."""
+    expected_inputs, got_inputs = clone_inputs(inputs), clone_inputs(inputs)
     try:
-        with torch.random.fork_rng():
+        with torch.random.fork_rng(), torch.no_grad():
             torch.manual_seed(0)
-            expected = run_model(reference, inputs)
+            expected = reference(*expected_inputs)
             torch.manual_seed(0)
-            got = run_model(traced, inputs)
+            got = traced(*got_inputs)
         checks = compare_outputs(expected, got, 1e-5)
     except InvalidValueError:  # another structure, or another shape
         return False
-    return all(check.passed for check in checks)
+    written_alike = all(
+        same_values(a, b)
+        for a, b in zip(
+            pytree.tree_leaves(expected_inputs), pytree.tree_leaves(got_inputs), strict=True
+        )
+        if isinstance(a, torch.Tensor)
+    )
+    return written_alike and all(check.passed for check in checks)
 
 
 def _trace(
@@ -342,9 +367,26 @@ def _trace(
                 f"tuples, lists or dicts of them."
             ) from exc
     found = [str(w.message) for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
+    _drop_identity_dropouts(traced)
     if regroup:
         traced = _regroup(traced, len(inputs), leaves, spec, name)
     return traced, list(dict.fromkeys(found)), reference
+
+
+def _drop_identity_dropouts(traced: torch.jit.ScriptModule) -> None:
+    """Dropouts that return their input (``p`` 0, or ``train`` False) go from the trace's graphs
+    before anything optimizes them. TorchScript's schema says a dropout returns a fresh tensor,
+    so freezing's dead code elimination dropped an in-place write through one, even a write
+    into the caller's input (found by the fuzzer). A trace's types are its own, so no other
+    module shares these graphs."""
+    for module in traced.modules():
+        if not isinstance(module, torch.jit.ScriptModule) or not module._c._has_method("forward"):
+            continue
+        graph = module._c._get_method("forward").graph
+        for node in list(iter_nodes(graph)):
+            if node.kind() in DROPOUT_KINDS and returns_its_input(node):
+                node.output().replaceAllUsesWith(node.inputsAt(0))
+                node.destroy()
 
 
 def _second_names_as_attributes(model: nn.Module) -> None:
