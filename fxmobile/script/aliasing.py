@@ -51,22 +51,34 @@ WRITE_THROUGH_RESHAPE = (
 
 
 def why_layout_matters(graph: torch._C.Graph) -> str | None:
-    """Why ``graph`` could compute something else when an op returns a tensor of other strides
-    than eager's, or None. A prepacked run returns its result in the layout it computes in: a
-    1-channel conv of an NCHW input comes back with channels-last strides (so does upstream's),
-    and a ``cat`` of it is channels-last. Values stay the same; what reads memory order does not:
-    ``as_strided`` and the other stride readers, and a write through a view that is a copy when
-    the strides differ."""
+    """Why ``graph`` could compute something else if its convolutions returned tensors of other
+    strides than eager's, or None. A prepacked run returns its result in the layout it computes
+    in: a 1-channel conv of an NCHW input comes back with channels-last strides (so does
+    upstream's), and a ``cat`` of it is channels-last. Values stay the same; what reads memory
+    order does not: ``as_strided`` and the other stride readers, and a write through a view
+    that is a copy when the strides differ. Only tensors a convolution's strides can reach
+    count (any op on one passes them on); the caller's inputs keep the caller's strides."""
+    reached: set[torch._C.Value] = set()
     for node in iter_nodes(graph):
-        if node.kind().split("::", 1)[-1] in ops.STRIDE_READERS:
+        if node.kind() in _CONVOLUTIONS or any(v in reached for v in node.inputs()):
+            reached.update(node.outputs())
+    for node in iter_nodes(graph):
+        reads = node.kind().split("::", 1)[-1] in ops.STRIDE_READERS
+        if reads and any(v in reached for v in node.inputs()):
             return STRIDES_READ
     for writer in writers(graph):
         value = writer.inputsAt(0)
         while True:
             node = value.node()
-            if node.kind().split("::", 1)[-1] in ops.LAYOUT_DEPENDENT_VIEWS:
+            if not list(node.inputs()):
+                break
+            reshapes = node.kind().split("::", 1)[-1] in ops.LAYOUT_DEPENDENT_VIEWS
+            if reshapes and node.inputsAt(0) in reached:
                 return WRITE_THROUGH_RESHAPE
-            if not list(node.inputs()) or not ops.script_op(node).view:
+            if not ops.script_op(node).view:
                 break
             value = node.inputsAt(0)
     return None
+
+
+_CONVOLUTIONS = frozenset({"aten::conv2d", "aten::conv_transpose2d"})
