@@ -960,6 +960,26 @@ def test_a_write_through_a_reshape_no_convolution_reaches_is_still_packed() -> N
     assert torch.equal(mine, theirs)
 
 
+class WritesAConvThroughAFlattenNothingElseReads(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.ConvTranspose2d(2, 1, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.flatten(self.up(x), 1).relu_()
+
+
+def test_a_write_through_a_reshape_of_a_tensor_nothing_else_reads_is_still_packed() -> None:
+    """Seeds 2050 and 2051 flagged the second version: ``flatten(conv(x)).relu_()`` writes
+    only what it returns, so a view and a copy give the same; only a base something else
+    reads counts."""
+    model = WritesAConvThroughAFlattenNothingElseReads().eval()
+    x = torch.randn(1, 2, 3, 3)
+    result = fxmobile.optimize(model, example_inputs=x)
+    assert result.report.record("insert_prepacked_ops").rewrites == 1
+    assert_equivalent(model, result.module, x)
+
+
 class ClampsItsInputThroughADropout(nn.Module):
     """Writes the caller's input through an eval-mode dropout of a view of it."""
 

@@ -56,8 +56,9 @@ def why_layout_matters(graph: torch._C.Graph) -> str | None:
     in: a 1-channel conv of an NCHW input comes back with channels-last strides (so does
     upstream's), and a ``cat`` of it is channels-last. Values stay the same; what reads memory
     order does not: ``as_strided`` and the other stride readers, and a write through a view
-    that is a copy when the strides differ. Only tensors a convolution's strides can reach
-    count (any op on one passes them on); the caller's inputs keep the caller's strides."""
+    that is a copy when the strides differ, of a tensor something else reads. Only tensors a
+    convolution's strides can reach count (any op on one passes them on); the caller's inputs
+    keep the caller's strides."""
     reached: set[torch._C.Value] = set()
     for node in iter_nodes(graph):
         if node.kind() in _CONVOLUTIONS or any(v in reached for v in node.inputs()):
@@ -73,7 +74,8 @@ def why_layout_matters(graph: torch._C.Graph) -> str | None:
             if not list(node.inputs()):
                 break
             reshapes = node.kind().split("::", 1)[-1] in ops.LAYOUT_DEPENDENT_VIEWS
-            if reshapes and node.inputsAt(0) in reached:
+            base = node.inputsAt(0)
+            if reshapes and base in reached and not _read_only_through(base, node):
                 return WRITE_THROUGH_RESHAPE
             if not ops.script_op(node).view:
                 break
@@ -82,3 +84,14 @@ def why_layout_matters(graph: torch._C.Graph) -> str | None:
 
 
 _CONVOLUTIONS = frozenset({"aten::conv2d", "aten::conv_transpose2d"})
+
+
+def _read_only_through(value: torch._C.Value, user: torch._C.Node) -> bool:
+    """Nothing but ``user`` reads ``value``, nor any tensor ``value`` is a view of: a write
+    through ``user``'s result is then seen only through that result, a view or a copy alike."""
+    while len(value.uses()) == 1 and value.uses()[0].user == user:
+        node = value.node()
+        if not list(node.inputs()) or not ops.script_op(node).view:
+            return True
+        value, user = node.inputsAt(0), node
+    return False
