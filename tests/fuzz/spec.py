@@ -187,14 +187,17 @@ class ModelSpec:
         return any(b.inplace for b in self.blocks) or any(h.name in IN_PLACE_HOOKS for h in hooks)
 
     def reads_memory_order(self) -> bool:
-        """Whether a view-write block goes through ``as_strided`` or a reshape, flatten or view
-        (the README: such a method keeps ATen's convolutions, since a prepacked op may return
-        other strides than eager's)."""
-        return any(
+        """Whether a view-write block goes through ``as_strided`` or a reshape, flatten or view,
+        or a flatten block's result may be written in place (the README: such a method may
+        keep ATen's convolutions, since a prepacked op may return other strides than
+        eager's)."""
+        views = any(
             b.kind is Kind.VIEW_WRITE
             and any(v[0] in MEMORY_ORDER_VIEWS for v in b.options["views"])
             for b in self.blocks
         )
+        flattened = any(b.kind is Kind.FLATTEN for b in self.blocks)
+        return views or (flattened and self.writes_in_place())
 
     def __repr__(self) -> str:
         extras = [f"output_type={self.output_type}"] if self.output_type != "plain" else []
