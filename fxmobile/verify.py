@@ -31,8 +31,28 @@ from fxmobile.report.records import OutputCheck, Report
 
 
 def clone_inputs(inputs: Any) -> Any:
-    """``inputs`` with every tensor in it cloned, for a call that may write to them."""
-    return pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, inputs)
+    """``inputs`` with every tensor in it copied, strides included, for a call that may write
+    to them."""
+    return pytree.tree_map(lambda x: copy_strided(x) if isinstance(x, torch.Tensor) else x, inputs)
+
+
+def copy_strided(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of ``tensor`` with its strides. ``clone`` keeps the strides of a dense tensor
+    only: a slice such as ``x[..., ::2]`` came back contiguous, so every run on the copies
+    (the trace, the check) saw another layout than the caller's, and a trace of
+    ``x.contiguous().add_(c)`` recorded the write as reaching ``x`` (found by the fuzzer). A
+    layout whose elements overlap (an ``expand``) cannot be written into, and is cloned."""
+    cloned = tensor.clone()
+    if tensor.layout is not torch.strided or cloned.stride() == tensor.stride():
+        return cloned
+    copy = torch.empty_strided(
+        tensor.size(), tensor.stride(), dtype=tensor.dtype, device=tensor.device
+    )
+    try:
+        copy.copy_(tensor)
+    except RuntimeError:  # more than one element refers to one memory location
+        return cloned
+    return copy.requires_grad_(tensor.requires_grad)
 
 
 def run_model(

@@ -20,6 +20,7 @@ from fxmobile.errors import RefusedError, ScriptingError
 from fxmobile.report.records import Stage as RecordStage
 from fxmobile.script.aliasing import STRIDES_READ, WRITE_THROUGH_RESHAPE
 from fxmobile.script.scripting import quietly_script
+from fxmobile.verify import clone_inputs
 from tests.fuzz.check import Stage, check_model
 from tests.fuzz.hooks import Recorder
 from tests.fuzz.oracle import assert_acts_like_eager
@@ -1046,6 +1047,38 @@ def test_regression_a_failed_scripting_does_not_poison_the_next_one() -> None:
             quietly_script(model)
         messages.append(str(caught.value).strip().splitlines()[0])
     assert messages[0] == messages[1] and "Can't redefine" not in messages[1]
+
+
+class WritesAContiguousCopy(nn.Module):
+    """``x.contiguous()`` is ``x`` itself for a contiguous input and a copy for a strided one:
+    the write reaches the caller's tensor only in the first case. The cache sends the model to
+    torch.jit.trace."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cached = CachedDouble()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.contiguous().add_(0.5)
+        return self.cached(torch.relu(x))
+
+
+def test_regression_runs_on_copies_keep_a_strided_inputs_layout() -> None:
+    """F24 (long profile, script-cpu, seed 2055, after 5,494 models): fxmobile ran the trace
+    and its checks on ``clone()``s of the example input, and ``clone`` makes a slice such as
+    ``x[..., ::2]`` contiguous. So the trace recorded ``contiguous()`` returning ``x`` and the
+    relu reading the written tensor, and the check, on contiguous copies too, passed: on the
+    caller's strided input the module was off by 0.5. Copies now keep the input's strides."""
+    model = WritesAContiguousCopy().eval()
+    x = torch.randn(1, 2, 3, 6)[..., ::2]
+    assert clone_inputs((x,))[0].stride() == x.stride()
+    result = fxmobile.optimize(model, example_inputs=x)
+    assert result.report.route == "torch.jit.trace"
+    mine, theirs = x.clone(), x.clone()  # contiguous: the write reaches the caller's tensor
+    with torch.no_grad():
+        torch.testing.assert_close(result.module(x), deep_copy(model)(x))
+        torch.testing.assert_close(result.module(mine), deep_copy(model)(theirs))
+    assert torch.equal(mine, theirs)
 
 
 class NoiseAfterARecordedBatchNorm(nn.Module):
