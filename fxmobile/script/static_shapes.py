@@ -3,11 +3,12 @@
 A frozen graph records neither (freezing erases even a traced graph's types), so a pass that
 needs them ran the method once on the example inputs (``probe``). For the ops mobile graphs are
 mostly made of, they follow from the inputs' and from constants instead: a prepacked op's from
-the weights and arguments in its (constant) context, pooling's from its constant arguments, an
-elementwise op's by broadcasting. ``static_shapes`` walks the top-level block in order and
-records a tensor only when its rule proves it; any other op, an argument that is not a
-constant, an integer tensor, or two operands of different dtypes leave the result out, and the
-caller runs the method for what it still needs.
+the weights and arguments in its packed context (a constant, or the attribute fold_prepacking
+stored it in), pooling's from its constant arguments, an elementwise op's by broadcasting.
+``static_shapes`` walks the top-level block in order and records a tensor only when its rule
+proves it; any other op, an argument that is not a constant, an integer tensor, or two operands
+of different dtypes leave the result out, and the caller runs the method for what it still
+needs.
 """
 
 from __future__ import annotations
