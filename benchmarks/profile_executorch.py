@@ -50,7 +50,6 @@ import os
 import random
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -282,14 +281,9 @@ def build(name: str, workdir: Path) -> torch.Tensor:
     """``profile_ops.py``'s model and input: weights and input saved in ``workdir`` for the
     child; eager's output returned."""
     import torch
-    import torchvision
+    from profile_ops import make_model  # next to this file; the parent's venv only
 
-    from fxmobile.verify import randomize_batchnorm_statistics
-
-    torch.manual_seed(0)
-    model = getattr(torchvision.models, name)(weights=None).eval()
-    randomize_batchnorm_statistics(model, INPUT_SHAPE)
-    x = torch.randn(INPUT_SHAPE)
+    model, x = make_model(name)
     torch.save(model.state_dict(), workdir / "weights.pt")
     torch.save(x, workdir / "input.pt")
     with torch.no_grad():
@@ -298,23 +292,13 @@ def build(name: str, workdir: Path) -> torch.Tensor:
 
 
 def run_child(python: Path, request: dict[str, Any], threads: int) -> dict[str, Any]:
-    """This file with ``--child`` in the peer's ``python`` (isolated: ``-I``, without
-    ``PYTHONPATH``/``VIRTUAL_ENV``, OpenMP at ``threads``), ``request`` on its stdin; its JSON
-    reply. ``RuntimeError`` with the end of its stderr when it fails."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    done = subprocess.run(
-        [str(python), "-I", str(Path(__file__).resolve()), "--child"],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
+    """This file with ``--child`` in the peer's ``python``, through ``profile_ops.run_child``;
+    its JSON reply."""
+    from profile_ops import run_child as run_isolated
+
+    reply: dict[str, Any] = run_isolated(
+        python, request, threads, (str(Path(__file__).resolve()), "--child")
     )
-    if done.returncode != 0:
-        raise RuntimeError(f"ExecuTorch child failed:\n{done.stderr[-3000:]}")
-    reply: dict[str, Any] = json.loads(done.stdout)
     return reply
 
 

@@ -42,6 +42,7 @@ import sys
 import tempfile
 import zipfile
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,12 +98,18 @@ def bytecode_counts(path: Path) -> dict[str, int]:
     return {"instructions": sum(instructions.values()), "OP": instructions["OP"]}
 
 
-def build(name: str, workdir: Path, script_route: bool) -> tuple[list[dict[str, Any]], Any]:
-    """The candidates' files and eager's output on the input saved in ``workdir``."""
+def make_model(name: str) -> tuple[torch.nn.Module, torch.Tensor]:
+    """torchvision's ``name`` in eval mode, random weights and randomized BatchNorm statistics
+    under seed 0, and its input: the model every profile here measures."""
     torch.manual_seed(0)
     model = getattr(torchvision.models, name)(weights=None).eval()
     randomize_batchnorm_statistics(model, INPUT_SHAPE)
-    x = torch.randn(INPUT_SHAPE)
+    return model, torch.randn(INPUT_SHAPE)
+
+
+def build(name: str, workdir: Path, script_route: bool) -> tuple[list[dict[str, Any]], Any]:
+    """The candidates' files and eager's output on the input saved in ``workdir``."""
+    model, x = make_model(name)
     torch.save(x, workdir / "input.pt")
     with torch.no_grad():
         expected = model(x)
@@ -128,15 +135,17 @@ def build(name: str, workdir: Path, script_route: bool) -> tuple[list[dict[str, 
     return candidates, expected
 
 
-def run_child(python: Path, request: dict[str, Any], threads: int) -> dict[str, Any]:
-    """Run ``profile_ops_child.py`` with the runtime's ``python`` (isolated: ``-I``, without
-    ``PYTHONPATH``/``VIRTUAL_ENV``, OpenMP and MKL at ``threads``), ``request`` on its stdin;
-    its JSON reply. ``RuntimeError`` with the end of its stderr when it fails."""
+def run_child(
+    python: Path, request: dict[str, Any], threads: int, argv: Sequence[str] = (str(CHILD),)
+) -> dict[str, Any]:
+    """Run ``argv`` (``profile_ops_child.py``) with another venv's ``python`` (isolated: ``-I``,
+    without ``PYTHONPATH``/``VIRTUAL_ENV``, OpenMP and MKL at ``threads``), ``request`` on its
+    stdin; its JSON reply. ``RuntimeError`` with the end of its stderr when it fails."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     done = subprocess.run(
-        [str(python), "-I", str(CHILD)],
+        [str(python), "-I", *argv],
         input=json.dumps(request),
         capture_output=True,
         text=True,
@@ -144,7 +153,7 @@ def run_child(python: Path, request: dict[str, Any], threads: int) -> dict[str, 
         check=False,
     )
     if done.returncode != 0:
-        raise RuntimeError(f"profile child failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"{Path(argv[0]).name} failed:\n{done.stderr[-3000:]}")
     reply: dict[str, Any] = json.loads(done.stdout)
     return reply
 
