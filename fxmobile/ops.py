@@ -98,6 +98,10 @@ LAYOUT_DEPENDENT_VIEWS = frozenset(
     {"reshape", "reshape_as", "flatten", "view", "view_as", "contiguous", "unflatten"}
 )
 
+# Of those, the ones that raise instead of copying when the strides do not allow a view
+# (``y.view(n, -1)`` on a channels-last ``y``); every other ATen op takes any strides.
+STRIDE_STRICT_VIEWS = frozenset({"view", "view_as"})
+
 # Calls that read an input's memory layout itself rather than its values.
 STRIDE_READERS = frozenset(
     {"as_strided", "stride", "data_ptr", "storage_offset", "untyped_storage", "is_contiguous",
@@ -144,15 +148,21 @@ NOTHING = OpInfo(None, view=False, writes=False, random=False)
 
 
 @functools.cache
+def is_aten(name: str) -> bool:
+    """Whether torch has an ``aten::<name>`` op (with a schema), not a Python composition."""
+    return bool(torch._C._jit_get_schemas_for_operator(f"aten::{name}"))
+
+
+@functools.cache
 def aten(name: str) -> OpInfo:
     """What ``aten::<name>`` does, from its overloads' schemas and tags.
 
     A name torch has no op for (a torch function composed in Python) may alias its input and
     writes only when it ends in ``_``.
     """
-    schemas = torch._C._jit_get_schemas_for_operator(f"aten::{name}")
-    if not schemas:
+    if not is_aten(name):
         return OpInfo(name, view=True, writes=_writes_by_name(name), random=False)
+    schemas = torch._C._jit_get_schemas_for_operator(f"aten::{name}")
     writes = view = False
     for schema in schemas:
         if _is_out_overload(schema):
@@ -240,6 +250,17 @@ def call_op(node: fx.Node) -> OpInfo:
     if node.kwargs.get("inplace") is True or _out_nodes(node):
         info = OpInfo(name, info.view, True, info.random)
     return info
+
+
+def takes_any_layout(node: fx.Node) -> bool:
+    """Whether a ``call_method`` / ``call_function`` node runs on inputs of any strides: an ATen
+    op other than ``STRIDE_STRICT_VIEWS`` and ``STRIDE_READERS`` (ATen's kernels take any
+    strides), or Python's own arithmetic on non-tensors. A user function, or a torch function
+    composed in Python (``F.interpolate``), is not known to."""
+    name = call_name(node)
+    if name is None:
+        return node.op == "call_function" and _plain_python(node.target)
+    return is_aten(name) and name not in STRIDE_STRICT_VIEWS and name not in STRIDE_READERS
 
 
 def _plain_python(target: Any) -> bool:

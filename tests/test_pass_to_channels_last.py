@@ -32,6 +32,31 @@ from tests.helpers import (
 CL = torch.channels_last
 
 
+def user_scale(t: torch.Tensor) -> torch.Tensor:
+    """A user's function, kept as one call by ``fx.wrap``: the pass cannot vouch that it takes
+    any strides, so a graph that reaches it gets the fake-tensor check."""
+    return t * 1.0
+
+
+fx.wrap("user_scale")
+
+
+class ScaledByUser(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return user_scale(self.conv(x))
+
+
+class UserStep(nn.Module):
+    """A user's module (no standard leaf type): the pass cannot vouch for its forward."""
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        return t.view(t.shape)  # .view of its own input's shape: any strides will do
+
+
 def _run(model: nn.Module, *inputs: object) -> tuple[fx.GraphModule, PassResult]:
     gm = fx.symbolic_trace(copy.deepcopy(model))
     if inputs:
@@ -286,14 +311,89 @@ def test_stride_reading_op_declines() -> None:
     assert count_calls(gm, "contiguous") == 0
 
 
+def user_normalize(y: torch.Tensor) -> torch.Tensor:
+    return y / y.abs().max().item()  # .item() has no value on fake tensors
+
+
+fx.wrap("user_normalize")
+
+
 class DataDependent(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.conv = nn.Conv2d(3, 4, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return user_normalize(self.conv(x))
+
+
+class DataDependentAten(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.conv(x)
-        return y / y.abs().max().item()  # .item() has no value on fake tensors
+        return y / y.abs().max().item()
+
+
+def test_ops_that_take_any_layout_are_converted_without_the_fake_run() -> None:
+    """Every op the change reaches is an ATen op other than .view (``.item()`` included): the
+    rewritten graph runs as the old one did, so the pass needs no fake run, which ``.item()``
+    would fail (it has no value on fake tensors), and converts."""
+    torch.manual_seed(0)
+    model = DataDependentAten().eval()
+    x = torch.randn(1, 3, 8, 8)
+    gm, result = _run(model, x)
+    assert result.rewrites == 3 and result.skips == {}  # entry, conv weight, output restore
+    assert _entries(gm) == 1 and _weight(gm, "conv").is_contiguous(memory_format=CL)
+    assert_equivalent(model, gm, x)
+
+
+class ThroughUserStep(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.step = UserStep()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.step(self.conv(x))
+
+
+class _UserStepLeafTracer(fx.Tracer):
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return isinstance(m, UserStep) or super().is_leaf_module(m, module_qualified_name)
+
+
+@pytest.mark.parametrize("through", ["user function", "user module"])
+def test_what_the_pass_cannot_vouch_for_is_run_on_fake_tensors(
+    monkeypatch: pytest.MonkeyPatch, through: str
+) -> None:
+    """A user's function or a user's module kept as a leaf may call ``.view``: the rewritten
+    graph is run on fake tensors, and converted when that run passes."""
+    import fxmobile.passes.to_channels_last as pass_module
+
+    runs: list[fx.GraphModule] = []
+    check = pass_module._check
+
+    def counted(gm: fx.GraphModule, example_inputs: tuple[object, ...]) -> str | None:
+        runs.append(gm)
+        return check(gm, example_inputs)
+
+    monkeypatch.setattr(pass_module, "_check", counted)
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 8, 8)
+    if through == "user function":
+        model: nn.Module = ScaledByUser().eval()
+        gm, result = _run(model, x)
+    else:
+        model = ThroughUserStep().eval()
+        gm = fx.GraphModule(model, _UserStepLeafTracer().trace(copy.deepcopy(model)))
+        ShapeProp(gm).propagate(x)
+        result = ToChannelsLast().call(gm, FxContext((x,)))
+        gm.recompile()
+    assert len(runs) == 1 and result.rewrites == 3 and result.skips == {}
+    assert_equivalent(model, gm, x)
 
 
 def test_graph_that_cannot_be_checked_is_left_alone() -> None:
@@ -417,7 +517,7 @@ class TupleInput(nn.Module):
         self.conv = nn.Conv2d(3, 4, 3, padding=1)
 
     def forward(self, x: torch.Tensor, pair: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        return self.conv(x) * pair[0] + pair[1]
+        return user_scale(self.conv(x) * pair[0] + pair[1])  # user_scale: the check runs
 
 
 def test_a_tuple_input_stays_as_it_is_and_the_rest_goes_channels_last() -> None:
@@ -627,12 +727,12 @@ def test_a_float64_model_is_checked_with_float64_inputs() -> None:
     """The fake-tensor check builds inputs of the example inputs' dtype: float32 stand-ins
     would fail against float64 weights and the pass would decline a model it handles."""
     torch.manual_seed(0)
-    model = randomize_batchnorm(ConvNet(nn.Conv2d, 1)).double().eval()
+    model = ScaledByUser().double().eval()  # user_scale: the check runs
     x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
     gm, result = _run(model, x)
-    assert result.rewrites == 4 and result.skips == {}
-    assert _weight(gm, "conv1").dtype == torch.float64
-    assert _weight(gm, "conv1").is_contiguous(memory_format=CL)
+    assert result.rewrites == 3 and result.skips == {}
+    assert _weight(gm, "conv").dtype == torch.float64
+    assert _weight(gm, "conv").is_contiguous(memory_format=CL)
     assert_equivalent(model, gm, x)
 
 
@@ -642,7 +742,7 @@ class ScaledConv(nn.Module):
         self.conv = nn.Conv2d(3, 4, 3, padding=1)
 
     def forward(self, x: torch.Tensor, scale: float = 2.0) -> torch.Tensor:
-        return self.conv(x) * scale
+        return user_scale(self.conv(x) * scale)  # user_scale: the check runs
 
 
 def test_a_parameter_left_to_its_default_value_is_checked_with_it() -> None:

@@ -36,14 +36,18 @@ When it gives up: without example inputs (``input rank unknown (pass example_inp
 inputs that are not 4-D tensors, or that reach no 2-D conv (nothing to gain). The whole pass
 is declined when a value it reaches meets an op that reads strides (``as_strided``,
 ``stride()``, ``data_ptr()``, ``is_contiguous()``, ``numpy()``) or a module kept with its hooks
-(they would see the new layout, and the fake-tensor check below would run them), or when the
-rewritten graph
-fails to run on fake tensors shaped like the example inputs (a ``.view`` that needs contiguous
-memory: use ``.reshape``); every change is then undone. Fake tensors run the meta kernels,
-which pick the same output layouts as the CPU kernels, without computing anything (about
-0.3-0.5 s for mobilenet_v2). When the *original* graph does not run on fake tensors either
-(``.item()``, ops without a meta kernel), safety cannot be checked and the pass is declined
-too ("layout change not checked").
+(they would see the new layout, and the fake-tensor check below would run them).
+
+The check: when every op the change reaches is known to take any strides (ATen ops other than
+``.view`` / ``.view_as``, the standard leaf modules ``InlineModules`` writes out as one such
+call, Python's arithmetic on shapes), the rewritten graph runs as the old one did. Otherwise
+(a user's function or module, ``.view``) the rewritten graph is run on fake tensors shaped like
+the example inputs, and when it fails (a ``.view`` that needs contiguous memory: use
+``.reshape``) every change is undone. Fake tensors run the meta kernels, which pick the same
+output layouts as the CPU kernels, without computing anything (resnet50's graph: about 0.03 s).
+When the *original* graph does not run on fake tensors either (``.item()`` in a user's
+function, ops without a meta kernel), safety cannot be checked and the pass is declined too
+("layout change not checked").
 
 Not handled: an op mixing a converted activation with an unconverted 4-D *activation* (a
 second input that reaches no conv, say) runs on mixed layouts, slowly (see above); the values
@@ -68,6 +72,7 @@ from fxmobile import ops
 from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.graph_utils import attr_of, module_of, tensor_meta, written_in_place
+from fxmobile.passes.inline_modules import INLINERS
 from fxmobile.passes.stage import FxContext, FxPass
 
 CL = torch.channels_last
@@ -122,6 +127,18 @@ def _downstream(starts: Iterable[fx.Node]) -> set[fx.Node]:
 def _hooked(gm: fx.GraphModule, node: fx.Node) -> bool:
     module = module_of(gm, node)
     return module is not None and ops.has_hooks(module)
+
+
+def _runs_on_any_layout(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """Whether ``node`` computes the same, and runs, whatever the strides of its inputs: see
+    ``ops.takes_any_layout``; a module call when its exact type's forward is one such call."""
+    if node.op in ("placeholder", "get_attr", "output"):
+        return True
+    if node.op == "call_module":
+        module = module_of(gm, node)
+        inliner = None if module is None else INLINERS.get(type(module))
+        return inliner is not None and inliner(module) is not None
+    return ops.takes_any_layout(node)
 
 
 def _reads_strides(node: fx.Node) -> bool:
@@ -240,7 +257,8 @@ class ToChannelsLast(FxPass):
     """Run 4-D inputs, the conv weights and the 4-D constants they reach in channels-last layout.
 
     Declines the whole rewrite when a reached op reads strides or a reached module has hooks, or
-    when the rewritten graph fails its fake-tensor check.
+    when a reached op is not known to take any strides and the rewritten graph fails its
+    fake-tensor check.
     """
 
     optimization = MobileOptimizerType.CHANNELS_LAST
@@ -267,8 +285,9 @@ class ToChannelsLast(FxPass):
         if ctx.example_inputs is None:  # shapes from another caller's propagation: no check
             skips.add(NO_SHAPES)
             return PassResult(gm, 0, dict(skips))
+        unknown = not all(_runs_on_any_layout(gm, n) for n in affected)
         changes = _apply(gm, plan, affected)
-        reason = _check(gm, ctx.example_inputs)
+        reason = _check(gm, ctx.example_inputs) if unknown else None
         if reason is not None:
             changes.undo(gm)
             if _check(gm, ctx.example_inputs) is not None:
