@@ -194,18 +194,51 @@ def conv2d_cases(draw: st.DrawFn) -> dict[str, Any]:
         "groups": groups,
         "clamp": draw(st.sampled_from(CLAMPS)),
         "channels_last": draw(st.booleans()),
+        "weight_channels_last": draw(st.booleans()),  # as fxmobile's channels-last pass stores it
     }
 
 
 @SWEEP
 @given(conv2d_cases())
 def test_conv2d_sweep(case: dict[str, Any]) -> None:
-    w = _rand(*case["w"], seed=1)
+    w = _layout(_rand(*case["w"], seed=1), case["weight_channels_last"])
     b = _rand(case["w"][0], seed=2) if case["bias"] else None
     x = _layout(_rand(*case["x"], seed=3), case["channels_last"])
     _check_conv2d(
         x, w, b, case["stride"], case["padding"], case["dilation"], case["groups"], case["clamp"]
     )
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_channels_last_weight_is_packed_without_a_copy(transposed: bool) -> None:
+    """The context keeps a channels-last weight as it is (its state is that very tensor): a
+    contiguous copy would be a second copy of every weight fxmobile's channels-last pass
+    stored, at optimization time and for as long as the module lives. Every path computes the
+    same from it as from the contiguous weight."""
+    shape = (8, 4, 3, 3)
+    w = _layout(_rand(*shape, seed=7), True)
+    x = _layout(_rand(1, 8, 9, 9, seed=8), True)
+    if transposed:
+        ctx = ops.prepacked.conv2d_transpose_clamp_prepack(
+            w, None, [2, 2], [1, 1], [1, 1], [1, 1], 2, None, None
+        )
+        plain = ops.prepacked.conv2d_transpose_clamp_prepack(
+            w.contiguous(), None, [2, 2], [1, 1], [1, 1], [1, 1], 2, None, None
+        )
+        run = ops.prepacked.conv2d_transpose_clamp_run
+    else:
+        ctx = ops.prepacked.conv2d_clamp_prepack(w, None, [1, 1], [1, 1], [1, 1], 2, None, None)
+        plain = ops.prepacked.conv2d_clamp_prepack(
+            w.contiguous(), None, [1, 1], [1, 1], [1, 1], 2, None, None
+        )
+        run = ops.prepacked.conv2d_clamp_run
+    state, _class_name = ctx.__getstate__()
+    assert state[0].data_ptr() == w.data_ptr()
+    for path in _forceable(ctx, CONV_PATHS):
+        ops.fxmobile.force_kernel_path(ctx, path)
+        ops.fxmobile.force_kernel_path(plain, path)
+        torch.testing.assert_close(run(x, ctx), run(x, plain), msg=path)
+    ops.fxmobile.force_kernel_path(ctx, "auto")
 
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])

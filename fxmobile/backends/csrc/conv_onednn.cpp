@@ -109,13 +109,14 @@ OneDnnConv::OneDnnConv(
     attr_ = "hardtanh";
     attr_list_ = scalar_list({clamp_.lo(), clamp_.hi()});
   }
-  // The input-independent reorder, done now; a run on a new input size may refine it.
-  packed_.emplace_back(std::vector<int64_t>{}, pack_weight(std::nullopt));
+  // No reorder here: oneDNN's weight layout depends on the input size, so each size gets its
+  // own, on its first run (an input-independent one made here was never read, and held a
+  // second copy of every weight).
 }
 
-at::Tensor OneDnnConv::pack_weight(std::optional<c10::IntArrayRef> input_sizes) const {
+at::Tensor OneDnnConv::pack_weight(c10::IntArrayRef input_sizes) const {
   const auto& ops = onednn_ops();
-  const c10::IValue size_arg = input_sizes ? c10::IValue(input_sizes->vec()) : c10::IValue();
+  const c10::IValue size_arg(input_sizes.vec());
   if (geo_.transposed) {
     return call_boxed(
         *ops.reorder_conv_transpose,
@@ -140,9 +141,15 @@ at::Tensor OneDnnConv::packed_weight_for(c10::IntArrayRef input_sizes) const {
       return entry.second;
     }
   }
-  at::Tensor packed = pack_weight(input_sizes);
+  at::Tensor packed;
+  try {
+    packed = pack_weight(input_sizes);
+  } catch (const c10::Error&) {
+    // oneDNN has no kernel for this geometry at this size: remembered as an undefined tensor,
+    // so later runs of this size go to ATen without raising again.
+  }
   if (packed_.size() >= kMaxCachedSizes) {
-    packed_.erase(packed_.begin() + 1); // keep the input-independent entry
+    packed_.erase(packed_.begin());
   }
   packed_.emplace_back(input_sizes.vec(), packed);
   return packed;
@@ -154,6 +161,9 @@ at::Tensor OneDnnConv::run(const at::Tensor& input) const {
     x = x.is_contiguous() ? to_channels_last(x) : x.contiguous(at::MemoryFormat::ChannelsLast);
   }
   const at::Tensor w = packed_weight_for(x.sizes());
+  if (!w.defined()) {
+    return w;
+  }
   const auto& ops = onednn_ops();
   at::Tensor y;
   if (geo_.transposed) {

@@ -22,8 +22,8 @@ class OneDnnConv {
   // True when this torch has the oneDNN operators a (transposed) convolution needs.
   static bool available(bool transposed);
 
-  // `weight` is OIHW (IOHW for transposed), contiguous float32. Reorders the weight for
-  // oneDNN now; throws c10::Error for a geometry oneDNN has no kernel for.
+  // `weight` is OIHW (IOHW for transposed) float32, contiguous or channels-last. The weight is reordered for
+  // oneDNN on the first run of each input size.
   OneDnnConv(
       const at::Tensor& weight,
       const std::optional<at::Tensor>& bias,
@@ -31,7 +31,8 @@ class OneDnnConv {
       const ClampBounds& clamp);
 
   // On a channels-last copy of the input (an NCHW input is transposed first) with the
-  // reordered weight; the output is channels-last.
+  // reordered weight; the output is channels-last. An undefined tensor when oneDNN has no
+  // kernel for this geometry at this input size (the caller runs ATen's convolution).
   at::Tensor run(const at::Tensor& input) const;
 
   // On the NCHW input as it is, with the plain weight (oneDNN reorders internally, which for a
@@ -40,7 +41,7 @@ class OneDnnConv {
 
  private:
   at::Tensor packed_weight_for(c10::IntArrayRef input_sizes) const;
-  at::Tensor pack_weight(std::optional<c10::IntArrayRef> input_sizes) const;
+  at::Tensor pack_weight(c10::IntArrayRef input_sizes) const;
 
   at::Tensor weight_;
   std::optional<at::Tensor> bias_;
@@ -50,7 +51,8 @@ class OneDnnConv {
   c10::List<std::optional<c10::Scalar>> attr_list_; // its scalars, built once
 
   // Weight reordered for oneDNN, by input size: oneDNN's preferred weight layout can depend
-  // on the input's spatial size, so a new size gets its own reorder (once).
+  // on the input's spatial size, so a new size gets its own reorder (once); undefined for a
+  // size oneDNN refused.
   mutable std::mutex mutex_;
   mutable std::vector<std::pair<std::vector<int64_t>, at::Tensor>> packed_;
 };
