@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from fxmobile.passes.affine_fold import fold_affine_into
+from fxmobile.passes.affine_fold import fold_affine_into, scale_output_channels
 
 N = 4
 
@@ -67,3 +67,36 @@ def test_a_scale_or_shift_of_another_length_is_a_value_error_naming_both(wrong: 
     got = re.escape(f"{tuple(scale.shape)}/{tuple(shift.shape)}")
     with pytest.raises(ValueError, match=f"must have {N} entries, got {got}"):
         fold_affine_into(nn.Conv2d(3, N, 1), scale, shift)
+
+
+@pytest.mark.parametrize(
+    ("shape", "transposed", "groups"),
+    [
+        ((2048, 512, 1, 1), False, 1),  # 4 blocks of 512 rows
+        ((3000, 700), False, 1),  # a Linear: blocks of 374 rows, the last one short
+        ((1024, 96, 3, 3), True, 4),  # transposed, grouped: groups span blocks
+        ((8, 3, 5, 5), True, 2),  # one block
+        ((0, 3, 3, 3), False, 1),  # no output channels
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_scaling_in_blocks_is_the_float64_product_rounded_once(
+    shape: tuple[int, ...], transposed: bool, groups: int, dtype: torch.dtype
+) -> None:
+    """Blocks of rows (to keep the float64 temporaries small) give every element exactly
+    ``(W.double() * s).to(W.dtype)``, the one rounding the fold promises."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(shape, generator=gen).to(dtype)
+    out_channels = shape[1] * groups if transposed else shape[0]
+    scale = torch.rand(out_channels, generator=gen, dtype=torch.float64) * 3 - 1
+    if transposed:
+        w = weight.double().reshape(groups, shape[0] // groups, shape[1], *shape[2:])
+        s = scale.reshape(groups, 1, shape[1], *([1] * (len(shape) - 2)))
+        expected = (w * s).reshape(shape).to(dtype)
+    else:
+        expected = (weight.double() * scale.reshape(-1, *([1] * (len(shape) - 1)))).to(dtype)
+    before = weight.clone()
+    got = scale_output_channels(weight, scale, transposed=transposed, groups=groups)
+    assert got.dtype == dtype and got.is_contiguous()
+    assert torch.equal(got, expected)
+    assert torch.equal(weight, before)  # the weight itself is never written

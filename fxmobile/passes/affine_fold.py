@@ -39,17 +39,34 @@ def out_channels(module: nn.Module) -> int:
     return int(module.out_channels)  # type: ignore[arg-type]
 
 
+# Rows of the weight scaled per step: about 2 MB of float64 at a time, so the float64
+# temporaries stay in cache instead of costing four weight-sized allocations (resnet50's
+# BatchNorm folds: 500 MB of fresh memory and 45-130 ms, against about 10 ms).
+_BLOCK_ELEMENTS = 1 << 18
+
+
 def scale_output_channels(
     weight: torch.Tensor, scale: torch.Tensor, *, transposed: bool, groups: int
 ) -> torch.Tensor:
-    """``weight`` (any dtype) times ``scale`` (float64, one per output channel), in float64."""
-    w = weight.detach().to(torch.float64)
+    """``weight`` times ``scale`` (float64, one per output channel), each product computed in
+    float64 and rounded once to ``weight``'s dtype; a new contiguous tensor."""
+    w = weight.detach()
     if not transposed:
-        return w * scale.reshape(-1, *([1] * (w.dim() - 1)))
-    in_ch, out_per_group = w.shape[0], w.shape[1]
-    grouped = w.reshape(groups, in_ch // groups, out_per_group, *w.shape[2:])
-    s = scale.reshape(groups, 1, out_per_group, *([1] * (w.dim() - 2)))
-    return (grouped * s).reshape(w.shape)
+        s = scale.reshape(-1, *([1] * (w.dim() - 1)))
+    else:
+        # row r of a transposed weight is input channel r, in group r // (in/groups): its
+        # output channels are that group's slice of scale, along axis 1
+        in_ch, out_per_group = w.shape[0], w.shape[1]
+        per_group = scale.reshape(groups, 1, out_per_group, *([1] * (w.dim() - 2)))
+        s = per_group.expand(groups, in_ch // groups, *per_group.shape[2:]).reshape(
+            in_ch, out_per_group, *per_group.shape[3:]
+        )
+    out = torch.empty(w.shape, dtype=w.dtype, device=w.device)
+    rows = max(1, _BLOCK_ELEMENTS // max(1, w[0].numel())) if len(w) else 1
+    for start in range(0, len(w), rows):
+        block = slice(start, start + rows)
+        out[block] = w[block].to(torch.float64) * s[block]
+    return out
 
 
 def _copy_without_tensors(module: nn.Module) -> nn.Module:
@@ -86,6 +103,6 @@ def fold_affine_into(module: nn.Module, scale: torch.Tensor, shift: torch.Tensor
         else torch.zeros(n, dtype=torch.float64)
     )
     new_b = b * scale + shift
-    folded.weight = nn.Parameter(new_w.to(weight.dtype), requires_grad=weight.requires_grad)
+    folded.weight = nn.Parameter(new_w, requires_grad=weight.requires_grad)
     folded.bias = nn.Parameter(new_b.to(weight.dtype), requires_grad=weight.requires_grad)
     return folded

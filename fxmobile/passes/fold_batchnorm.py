@@ -186,7 +186,7 @@ def _fold_into_function(
     new_b = bias * scale + shift  # b' = b * s + t
     base = f"{weight_node.target}_bn_folded"
     with gm.graph.inserting_before(node):
-        w_attr = gm.graph.get_attr(add_constant(gm, base, new_w.to(weight.dtype)))
+        w_attr = gm.graph.get_attr(add_constant(gm, base, new_w))
         b_attr = gm.graph.get_attr(add_constant(gm, f"{base}_bias", new_b.to(weight.dtype)))
     set_arg(node, names, "weight", w_attr)
     set_arg(node, names, "bias", b_attr)

@@ -239,7 +239,7 @@ def _fold_functional(
     bias = attr_of(gm, bias_node) if bias_node is not None else None
     b = bias.detach().to(torch.float64) if bias is not None else torch.zeros_like(scale)
     new_b = b * scale + shift
-    w_name = add_constant(gm, f"{weight_node.target}_folded", new_w.to(weight.dtype))
+    w_name = add_constant(gm, f"{weight_node.target}_folded", new_w)
     b_name = add_constant(gm, f"{weight_node.target}_bias_folded", new_b.to(weight.dtype))
     with gm.graph.inserting_before(node):
         w_attr = gm.graph.get_attr(w_name)

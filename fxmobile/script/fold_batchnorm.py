@@ -82,7 +82,7 @@ def fold(graph: torch._C.Graph, bn: FrozenBatchNorm) -> None:
     new_b = b * s + t
     g: Any = graph  # torch's stubs omit Graph.insertConstant
     with graph.insert_point_guard(producer):
-        w_value = g.insertConstant(new_w.to(weight.dtype).contiguous())
+        w_value = g.insertConstant(new_w)
         b_value = g.insertConstant(new_b.to(weight.dtype))
     producer.replaceInput(1, w_value)
     producer.replaceInput(2, b_value)
