@@ -298,7 +298,9 @@ def _to_script(
     unoptimized model's outputs (None without a check, or in a re-run)."""
     if isinstance(module, torch.jit.ScriptModule):
         report = Report(model_name=str(module.original_name))
-        scripted = module
+        # copies of the caller's state: eval() and the passes must not reach it, and the
+        # reference runs on a copy of its own (a forward may write its buffers)
+        scripted = clone_script_module(module)
         reference: Any = clone_script_module(module)
     elif options.preserved_methods or not has_forward(module):
         reference = deep_copy(module).eval()
@@ -375,13 +377,12 @@ def _script_stage(
     observe: Observe | None = None,
     target_runtime: str | None = None,
 ) -> tuple[torch.jit.ScriptModule, list[str]]:
-    """Freeze and rewrite a clone of ``scripted`` for ``options.backend``; the module and the
-    methods that were rewritten. The report gains the passes, op counts, lints and size."""
+    """Freeze and rewrite ``scripted`` (fxmobile's own copy, never the caller's module: see
+    ``_to_script``) for ``options.backend``; the module and the methods that were rewritten.
+    The report gains the passes, op counts, lints and size."""
     assert options.backend is not None
-    # A copy of the state, so eval() cannot reach the caller's module. Graphs are shared with
-    # other instances of the same types until the first freeze: passes before it only use
-    # torch passes that clone.
-    scripted = clone_script_module(scripted)
+    # Graphs are shared with other instances of the same types until the first freeze: passes
+    # before it only use torch passes that clone.
     scripted.eval()
     preserved_attrs = _check_preserved(scripted, list(options.preserved_methods))
     methods = existing_methods(scripted, ["forward", *options.preserved_methods])

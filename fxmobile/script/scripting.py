@@ -78,21 +78,24 @@ def clone_script_module(module: torch.jit.ScriptModule) -> torch.jit.ScriptModul
     return copy.deepcopy(module)
 
 
-def _alias_aware_type_as(gm: fx.GraphModule) -> None:
+def _alias_aware_type_as(gm: fx.GraphModule) -> bool:
     """``a.type_as(b)`` -> ``a.to(b)``: the same op (dtype and device of ``b``), but
     TorchScript's schema for ``type_as`` calls its result fresh, although it is ``a`` itself when
     nothing converts, so TorchScript removed a write through it as dead code; ``to`` carries the
-    alias annotation."""
+    alias annotation. Whether it changed a node."""
+    changed = False
     for node in gm.graph.nodes:
         if node.op == "call_method" and node.target == "type_as" and len(node.args) == 2:
             node.target = "to"
-    gm.recompile()
+            changed = True
+    return changed
 
 
-def _scriptable_empty_index(gm: fx.GraphModule) -> None:
+def _scriptable_empty_index(gm: fx.GraphModule) -> bool:
     """``x[()]`` -> ``aten::alias(x)``: the op ATen's indexing runs for an empty index (a view of
     the whole tensor), which TorchScript cannot compile as an index ("unsupported index type
-    'Tuple[()]'"); without it such a graph went to torch.jit.trace."""
+    'Tuple[()]'"); without it such a graph went to torch.jit.trace. Whether it changed a node."""
+    changed = False
     for node in gm.graph.nodes:
         if (
             node.op == "call_function"
@@ -101,7 +104,8 @@ def _scriptable_empty_index(gm: fx.GraphModule) -> None:
             and _is_tensor(node.args[0])
         ):
             node.target, node.args = torch.ops.aten.alias, (node.args[0],)
-    gm.recompile()
+            changed = True
+    return changed
 
 
 def _is_tensor(arg: Any) -> bool:
@@ -109,11 +113,14 @@ def _is_tensor(arg: Any) -> bool:
     return isinstance(arg, fx.Node) and isinstance(tensor_meta(arg), TensorMetadata)
 
 
-def _drop_return_annotation(gm: fx.GraphModule) -> None:
+def _drop_return_annotation(gm: fx.GraphModule) -> bool:
+    """Whether the output node had a type annotation (now dropped)."""
+    changed = False
     for node in gm.graph.nodes:
-        if node.op == "output":
+        if node.op == "output" and node.type is not None:
             node.type = None
-    gm.recompile()
+            changed = True
+    return changed
 
 
 def to_torchscript(
@@ -121,9 +128,9 @@ def to_torchscript(
 ) -> tuple[torch.jit.ScriptModule, str | None]:
     """A ``ScriptModule`` for ``gm``, and a note when it had to be traced instead of scripted
     (a trace that does not replay ``gm`` on the example inputs raises ``ScriptingError``)."""
-    _drop_return_annotation(gm)
-    _alias_aware_type_as(gm)
-    _scriptable_empty_index(gm)
+    # each rewrite runs (no short-circuit), and the code is generated again once, if needed
+    if any([_drop_return_annotation(gm), _alias_aware_type_as(gm), _scriptable_empty_index(gm)]):
+        gm.recompile()
     try:
         return quietly_script(gm), None
     except Exception as exc:
