@@ -92,6 +92,27 @@ def _avg_pool_2d(m: Any) -> Call:
     return Call(F.avg_pool2d, (*args, m.count_include_pad, m.divisor_override))
 
 
+# The ATen ops F.adaptive_avg_pool{2,3}d end in once every output size is given. The Python
+# functions first fill a None size from the input's (``_list_with_default``), which TorchScript
+# keeps in the frozen graph: aten::size, len, gt and a prim::If on every call. A module with a
+# None size stays a call: written out, ``(None, 3)`` is a tuple TorchScript cannot compile.
+_ADAPTIVE_AVG_POOL = {
+    nn.AdaptiveAvgPool2d: (torch._C._nn.adaptive_avg_pool2d, F.adaptive_avg_pool2d, 2),
+    nn.AdaptiveAvgPool3d: (torch._C._nn.adaptive_avg_pool3d, F.adaptive_avg_pool3d, 3),
+}
+
+
+def _adaptive_avg_pool(m: Any) -> Call | None:
+    op, function, dims = _ADAPTIVE_AVG_POOL[type(m)]
+    size = m.output_size
+    sizes = (size,) * dims if isinstance(size, int) else tuple(size)
+    if any(s is None for s in sizes):
+        return None  # a size taken from the input's: TorchScript has no literal for (None, 3)
+    if len(sizes) != dims:
+        return Call(function, (size,))  # raises as the module does
+    return Call(op, (sizes,))
+
+
 # The functional activations branch on ``inplace`` (F.hardtanh also checks its bounds, which
 # the module's constructor already did): the ATen op chosen here is what the branch runs, and
 # the scripted graph holds no untaken branch before freezing.
@@ -124,8 +145,7 @@ INLINERS: dict[type[nn.Module], Callable[[Any], Call | None]] = {
     nn.AvgPool2d: _avg_pool_2d,
     nn.Flatten: lambda m: Call(torch.flatten, (m.start_dim, m.end_dim)),
     nn.AdaptiveAvgPool1d: lambda m: Call(F.adaptive_avg_pool1d, (m.output_size,)),
-    nn.AdaptiveAvgPool2d: lambda m: Call(F.adaptive_avg_pool2d, (m.output_size,)),
-    nn.AdaptiveAvgPool3d: lambda m: Call(F.adaptive_avg_pool3d, (m.output_size,)),
+    **dict.fromkeys(_ADAPTIVE_AVG_POOL, _adaptive_avg_pool),
 }
 
 
