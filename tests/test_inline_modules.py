@@ -98,6 +98,32 @@ def test_an_adaptive_pool_leaves_no_shape_arithmetic(
         assert torch.equal(frozen(x), gm(x))
 
 
+class FunctionalPools(nn.Module):
+    """The functional forms as torchvision writes them (mobilenet_v2: ``(1, 1)``), with the
+    size in a keyword, from the input, and computed in forward."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            F.adaptive_avg_pool2d(x, (1, 1)),
+            F.adaptive_avg_pool2d(x, output_size=2),
+            F.adaptive_avg_pool2d(x, (None, 3)),
+            F.adaptive_avg_pool2d(x, x.shape[-1] // 2),
+        )
+
+
+def test_functional_adaptive_pools_with_constant_sizes_become_the_aten_op() -> None:
+    model = FunctionalPools().eval()
+    gm = fx.symbolic_trace(model)
+    inlined, count, _ = inline_leaf_modules(gm)
+    assert count == 2
+    assert count_calls(inlined, torch._C._nn.adaptive_avg_pool2d) == 2
+    assert count_calls(inlined, F.adaptive_avg_pool2d) == 2  # None, and a size from forward
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        for got, expected in zip(inlined(x), model(x), strict=True):
+            assert torch.equal(got, expected)
+
+
 def test_an_adaptive_pool_with_a_size_from_the_input_stays_a_call() -> None:
     """``(None, 3)`` has no TorchScript literal (the module itself does not script either)."""
     gm = fx.symbolic_trace(nn.Sequential(nn.AdaptiveAvgPool2d((None, 3))).eval())

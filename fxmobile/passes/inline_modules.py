@@ -8,7 +8,10 @@ stride, padding, dilation, groups)``, with the tensors moved to the root module.
 is the module's own ``forward`` written out down to the op it ends in, with the module's
 hyperparameters as constants (``nn.ReLU(inplace=True)`` -> ``torch.relu_``: the branch the
 functional form would take, so the graph before freezing has no untaken one), so the scripted
-graph computes exactly what the module call did, and after freezing it is the same graph.
+graph computes exactly what the module call did, and after freezing it is the same graph. The
+functional calls users write that end in one ATen op once their arguments are filled in
+(``F.adaptive_avg_pool2d(x, 1)`` -> ``aten::adaptive_avg_pool2d(x, [1, 1])``) become that op
+too, so the frozen graph keeps no argument arithmetic.
 
 Why: ``torch.jit.script`` compiles a ScriptModule type, and runs ``forward``'s frontend, for
 every submodule, and ``torch.jit.freeze`` then inlines them all again. On resnet50 that is
@@ -102,15 +105,39 @@ _ADAPTIVE_AVG_POOL = {
 }
 
 
+def _given_sizes(size: Any, dims: int) -> tuple[int, ...] | None:
+    """``output_size`` as ``dims`` ints, or None when the function would fill some in from the
+    input or raise (a None entry, the wrong length, a value computed in forward)."""
+    sizes = (size,) * dims if isinstance(size, int) else size
+    if not isinstance(sizes, tuple | list) or len(sizes) != dims:
+        return None
+    return tuple(sizes) if all(isinstance(s, int) for s in sizes) else None
+
+
 def _adaptive_avg_pool(m: Any) -> Call | None:
     op, function, dims = _ADAPTIVE_AVG_POOL[type(m)]
     size = m.output_size
-    sizes = (size,) * dims if isinstance(size, int) else tuple(size)
-    if any(s is None for s in sizes):
+    if not isinstance(size, int) and None in tuple(size):
         return None  # a size taken from the input's: TorchScript has no literal for (None, 3)
-    if len(sizes) != dims:
-        return Call(function, (size,))  # raises as the module does
-    return Call(op, (sizes,))
+    sizes = _given_sizes(size, dims)
+    return Call(function, (size,)) if sizes is None else Call(op, (sizes,))
+
+
+# the functions the modules above call, as users also write them: function -> (op, dims)
+_DIRECT_FUNCTIONS = {function: (op, dims) for op, function, dims in _ADAPTIVE_AVG_POOL.values()}
+
+
+def _direct_call(node: fx.Node) -> tuple[Callable[..., Any], tuple[Any, ...]] | None:
+    """``F.adaptive_avg_pool2d(x, 1)`` in the graph -> (the ATen op, its arguments), when
+    every output size is a constant; None for any other node."""
+    if node.op != "call_function" or node.target not in _DIRECT_FUNCTIONS:
+        return None
+    op, dims = _DIRECT_FUNCTIONS[node.target]
+    args = dict(zip(("input", "output_size"), node.args, strict=False)) | node.kwargs
+    if set(args) != {"input", "output_size"}:
+        return None
+    sizes = _given_sizes(args["output_size"], dims)
+    return None if sizes is None else (op, (args["input"], sizes))
 
 
 # The functional activations branch on ``inplace`` (F.hardtanh also checks its bounds, which
@@ -190,6 +217,13 @@ def inline_leaf_modules(gm: fx.GraphModule) -> tuple[fx.GraphModule, int, Skips]
         return graph.get_attr(hoisted[id(tensor)])
 
     for node in gm.graph.nodes:
+        direct = _direct_call(node)
+        if direct is not None:
+            op, op_args = direct
+            env[node] = graph.call_function(op, fx.map_arg(op_args, lambda n: env[n]))
+            env[node].meta = dict(node.meta)
+            inlined += 1
+            continue
         call = _inline_call(gm, node)
         if isinstance(call, str):
             skips.add(call)
