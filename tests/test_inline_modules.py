@@ -6,6 +6,8 @@ import copy
 
 import pytest
 import torch
+import torch.ao.nn.intrinsic.quantized as nniq
+import torch.ao.nn.quantized as nnq
 import torch.nn.functional as F
 import torchvision
 from torch import fx, nn
@@ -49,7 +51,25 @@ EVERY_KIND = {
     nn.AdaptiveAvgPool3d: (nn.AdaptiveAvgPool3d(2), (1, 2, 5, 4, 4)),
     nn.AvgPool2d: (nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False), (2, 3, 8, 8)),
     nn.Flatten: (nn.Flatten(1, 2), (2, 3, 4, 5)),
+    nnq.Conv1d: (nnq.Conv1d(3, 4, 3, padding=1), (2, 3, 9)),
+    nnq.Conv2d: (nnq.Conv2d(4, 6, 3, stride=2, groups=2), (1, 4, 9, 9)),
+    nnq.Conv3d: (nnq.Conv3d(2, 4, 2), (1, 2, 4, 4, 4)),
+    nniq.ConvReLU1d: (nniq.ConvReLU1d(3, 4, 3), (2, 3, 9)),
+    nniq.ConvReLU2d: (nniq.ConvReLU2d(3, 4, 3, padding=1), (1, 3, 8, 8)),
+    nniq.ConvReLU3d: (nniq.ConvReLU3d(2, 4, 2), (1, 2, 4, 4, 4)),
 }
+QUANTIZED = (nnq.Conv1d, nnq.Conv2d, nnq.Conv3d, nniq.ConvReLU1d, nniq.ConvReLU2d, nniq.ConvReLU3d)
+
+
+def _input(kind: type[nn.Module], shape: tuple[int, ...]) -> torch.Tensor:
+    x = torch.randn(shape)
+    return torch.quantize_per_tensor(x, 0.05, 64, torch.quint8) if kind in QUANTIZED else x
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.is_quantized:
+        return a.q_scale() == b.q_scale() and torch.equal(a.int_repr(), b.int_repr())
+    return torch.equal(a, b)
 
 
 def test_every_inlined_kind_is_covered_here() -> None:
@@ -64,11 +84,11 @@ def test_inlined_call_computes_what_the_module_did_bit_for_bit(kind: type[nn.Mod
     assert count == 1
     assert not [n for n in inlined.graph.nodes if n.op == "call_module"]
     assert not list(inlined.children()), "the inlined module is still held"
-    x = torch.randn(shape)
+    x = _input(kind, shape)
     with torch.no_grad():
         expected = gm(x)
-        assert torch.equal(inlined(x), expected)
-        assert torch.equal(_freeze(inlined)(x), expected)
+        assert _same(inlined(x), expected)
+        assert _same(_freeze(inlined)(x), expected)
 
 
 @pytest.mark.parametrize(
@@ -131,6 +151,31 @@ def test_an_adaptive_pool_with_a_size_from_the_input_stays_a_call() -> None:
     assert count == 0 and dict(skips) == {
         "AdaptiveAvgPool2d configuration has no functional form": 1
     }
+
+
+def test_a_quantized_conv_leaves_no_rank_check_in_the_frozen_graph() -> None:
+    """A quantized convolution's forward checks the input's rank in Python before its
+    quantized:: op, and TorchScript kept that in the frozen graph before every convolution
+    (quantized mobilenet_v3_large: 62 size / len / ne / prim::If blocks). Written out, the
+    frozen graph is the quantized ops on their packed weights; a padding mode other than zeros
+    (forward pads first) stays a call."""
+    model = nn.Sequential(
+        nniq.ConvReLU2d(3, 4, 3, padding=1),
+        nnq.Conv2d(4, 4, 1),
+        nnq.Conv2d(4, 4, 3, padding=1, padding_mode="reflect"),
+    ).eval()
+    gm = fx.symbolic_trace(model)
+    inlined, count, skips = inline_leaf_modules(gm)
+    assert count == 2 and dict(skips) == {"Conv2d configuration has no functional form": 1}
+    with_calls = {n.kind() for n in _freeze(gm).graph.nodes()}
+    assert {"prim::If", "aten::len"} <= with_calls
+    frozen = _freeze(inlined)
+    kinds = [n.kind() for n in frozen.graph.nodes() if n.kind() != "prim::Constant"]
+    assert kinds.count("quantized::conv2d_relu") == 1 and kinds.count("quantized::conv2d") == 2
+    assert kinds.count("prim::If") == 1  # the reflect-padded conv's own check
+    x = _input(nnq.Conv2d, (1, 3, 8, 8))
+    with torch.no_grad():
+        assert _same(frozen(x), gm(x))
 
 
 def test_in_place_activation_stays_in_place() -> None:

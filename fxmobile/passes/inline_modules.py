@@ -11,7 +11,8 @@ functional form would take, so the graph before freezing has no untaken one), so
 graph computes exactly what the module call did, and after freezing it is the same graph. The
 functional calls users write that end in one ATen op once their arguments are filled in
 (``F.adaptive_avg_pool2d(x, 1)`` -> ``aten::adaptive_avg_pool2d(x, [1, 1])``) become that op
-too, so the frozen graph keeps no argument arithmetic.
+too, so the frozen graph keeps no argument arithmetic; so do quantized convolutions, whose
+forward checks the input's rank in Python before its ``quantized::`` op.
 
 Why: ``torch.jit.script`` compiles a ScriptModule type, and runs ``forward``'s frontend, for
 every submodule, and ``torch.jit.freeze`` then inlines them all again. On resnet50 that is
@@ -29,6 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
+import torch.ao.nn.intrinsic.quantized as nniq
+import torch.ao.nn.quantized as nnq
 import torch.nn.functional as F
 from torch import fx, nn
 
@@ -159,6 +162,27 @@ def _activation(m: Any) -> Call:
     return Call(fn, bounds)
 
 
+# Quantized convolutions end in one quantized:: op on their packed weights. Their forward first
+# checks the input's rank in Python (``len(input.shape) != 4``: raise), which TorchScript keeps
+# in the frozen graph as size / len / ne / prim::If before every convolution (62 of them in
+# quantized mobilenet_v3_large); the op checks the rank itself.
+_QUANTIZED_CONV = {
+    nnq.Conv1d: torch.ops.quantized.conv1d,
+    nnq.Conv2d: torch.ops.quantized.conv2d,
+    nnq.Conv3d: torch.ops.quantized.conv3d,
+    nniq.ConvReLU1d: torch.ops.quantized.conv1d_relu,
+    nniq.ConvReLU2d: torch.ops.quantized.conv2d_relu,
+    nniq.ConvReLU3d: torch.ops.quantized.conv3d_relu,
+}
+
+
+def _quantized_conv(m: Any) -> Call | None:
+    if m.padding_mode != "zeros":  # forward pads with F.pad first
+        return None
+    args = (Attr("_packed_params"), float(m.scale), int(m.zero_point))
+    return Call(_QUANTIZED_CONV[type(m)], args)
+
+
 # exact module type -> what its forward computes (None keeps the call)
 INLINERS: dict[type[nn.Module], Callable[[Any], Call | None]] = {
     **dict.fromkeys(_CONV, _conv),
@@ -173,6 +197,7 @@ INLINERS: dict[type[nn.Module], Callable[[Any], Call | None]] = {
     nn.Flatten: lambda m: Call(torch.flatten, (m.start_dim, m.end_dim)),
     nn.AdaptiveAvgPool1d: lambda m: Call(F.adaptive_avg_pool1d, (m.output_size,)),
     **dict.fromkeys(_ADAPTIVE_AVG_POOL, _adaptive_avg_pool),
+    **dict.fromkeys(_QUANTIZED_CONV, _quantized_conv),
 }
 
 
