@@ -15,8 +15,9 @@ its input may be written (one allocation less).
 
 A tensor is written only when nothing can tell: an op of the same block made it fresh (no
 view, input, constant or attribute; in-place ops after that are followed back, as in
-``hardswish_(conv(x))``), and every other reader of it runs before and returns no view of it
-(so it is not returned, and a write inside a loop body cannot reach the next iteration).
+``hardswish_(conv(x))``), and every other reader of it, under any name (an in-place op's
+result, a list or tuple holding it), runs before and returns no view of it (so it is not
+returned, and a write inside a loop body cannot reach the next iteration).
 The result must have the written tensor's shape and
 dtype: unary ops keep both on floating tensors (a prepacked op's output, or the example
 inputs show it floating); a binary op is rewritten only in ``forward`` with example inputs,
@@ -150,7 +151,8 @@ def _alpha_is_one(node: torch._C.Node) -> bool:
 def _writable(node: torch._C.Node, value: torch._C.Value) -> bool:
     """No one but ``node`` can see ``value`` written: ``value`` is a tensor made fresh by an op
     in ``node``'s block (perhaps then written in place, ``hardswish_(conv(x))``), and every
-    other reader of that tensor runs before ``node`` and returns no view of it."""
+    other reader of that tensor, under any name (an in-place op's result, a list holding it),
+    runs before ``node`` and returns no view of it."""
     if not isinstance(value.type(), torch._C.TensorType):
         return False
     chain = [value]  # the tensor under each name an in-place op gave it
@@ -166,14 +168,27 @@ def _writable(node: torch._C.Node, value: torch._C.Value) -> bool:
     if producer.owningBlock() != block:
         return False
     renames = {v.node() for v in chain[:-1]}
-    for alias in chain:
+    seen = {v.unique() for v in chain}
+    aliases = list(chain)
+    while aliases:
+        alias = aliases.pop()
         for use in alias.uses():
             user = use.user
             if user == node or user in renames:
                 continue
-            if user.owningBlock() != block or not user.isBefore(node) or ops.script_op(user).view:
+            info = ops.script_op(user)
+            if user.owningBlock() != block or not user.isBefore(node) or info.view:
                 return False
+            # The tensor under another name: an in-place op's result (relu_(t) is t), or a
+            # list or tuple holding it. Whoever reads those after ``node`` reads the write.
+            if info.writes or user.kind() in _CONTAINERS:
+                fresh = [out for out in user.outputs() if out.unique() not in seen]
+                seen.update(out.unique() for out in fresh)
+                aliases.extend(fresh)
     return True
+
+
+_CONTAINERS = frozenset({"prim::ListConstruct", "prim::TupleConstruct", "prim::DictConstruct"})
 
 
 def _make_inplace(graph: torch._C.Graph, node: torch._C.Node, target: int) -> torch._C.Value:

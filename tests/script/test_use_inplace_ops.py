@@ -438,3 +438,35 @@ def test_an_out_variant_is_left_alone(op: str) -> None:
     assert f"aten::{op.removesuffix('_commuted')}_" not in _kinds(result.module)
     assert inplace.OUT_VARIANT in _record(result).skips
     assert_equivalent(model, result.module, x)
+
+
+class _WrittenAliasReturned(nn.Module):
+    """The fuzzer's model (script-cpu, seed 2064): ``t = relu_(y)`` is ``y`` under another
+    name, returned; ``hardswish(y)`` after it must not write ``y``."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.relu(x * 2)
+        t = torch.relu_(y)
+        return torch.relu(nn.functional.hardswish(y)), t
+
+
+class _ListHeldAcrossTheWrite(nn.Module):
+    """A list holding ``y``, made before ``sigmoid(y)`` and read after it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        held = [y, x]
+        s = torch.sigmoid(y)
+        return torch.cat(held) + s.sum()
+
+
+@pytest.mark.parametrize("model", [_WrittenAliasReturned(), _ListHeldAcrossTheWrite()])
+def test_regression_a_tensor_read_under_another_name_after_the_op_is_not_written(
+    model: nn.Module,
+) -> None:
+    """Readers of the operand under another name (an in-place op's result, a list holding it)
+    count as readers: hardswish_(y) had rewritten the returned ``t`` (off by 0.375)."""
+    x = torch.tensor([[1.5, -0.5, 0.25]])
+    result = fxmobile.optimize(torch.jit.script(model.eval()), example_inputs=x)
+    assert inplace.READ_ELSEWHERE in _record(result).skips
+    assert_equivalent(model, result.module, x)
