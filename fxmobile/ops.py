@@ -98,9 +98,10 @@ LAYOUT_DEPENDENT_VIEWS = frozenset(
     {"reshape", "reshape_as", "flatten", "view", "view_as", "contiguous", "unflatten"}
 )
 
-# Of those, the ones that raise instead of copying when the strides do not allow a view
-# (``y.view(n, -1)`` on a channels-last ``y``); every other ATen op takes any strides.
-STRIDE_STRICT_VIEWS = frozenset({"view", "view_as"})
+# Views that raise instead of copying when the strides do not allow them (``y.view(n, -1)`` on
+# a channels-last ``y``; ``view_as_complex`` wants the last dimension's stride to be 1); every
+# other ATen op takes any strides.
+STRIDE_STRICT_VIEWS = frozenset({"view", "view_as", "_unsafe_view", "view_as_complex"})
 
 # Calls that read an input's memory layout itself rather than its values.
 STRIDE_READERS = frozenset(
