@@ -22,8 +22,8 @@ class OneDnnConv {
   // True when this torch has the oneDNN operators a (transposed) convolution needs.
   static bool available(bool transposed);
 
-  // `weight` is OIHW (IOHW for transposed) float32, contiguous or channels-last. The weight is reordered for
-  // oneDNN on the first run of each input size.
+  // `weight` is OIHW (IOHW for transposed) float32, contiguous or channels-last. It is
+  // reordered for oneDNN on the first run of each input size.
   OneDnnConv(
       const at::Tensor& weight,
       const std::optional<at::Tensor>& bias,
