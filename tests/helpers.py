@@ -97,6 +97,24 @@ def count_calls(gm: fx.GraphModule, target: Any) -> int:
     )
 
 
+class LeafTracer(fx.Tracer):
+    """A tracer that keeps modules of the given types as leaves (call_module nodes), as a
+    user's ``leaf_modules`` would."""
+
+    def __init__(self, *leaves: type[nn.Module]) -> None:
+        super().__init__()
+        self.leaves = leaves
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return isinstance(m, self.leaves) or super().is_leaf_module(m, qualname)
+
+
+def trace_keeping(model: nn.Module, *leaves: type[nn.Module]) -> fx.GraphModule:
+    """``model`` traced with modules of ``leaves`` kept as calls (``model`` itself is the
+    graph module's root: pass a copy when the test must keep it)."""
+    return fx.GraphModule(model, LeafTracer(*leaves).trace(model))
+
+
 def run_fx_passes(
     gm: fx.GraphModule, passes: list[Any], inputs: tuple[Any, ...] | None = None
 ) -> tuple[fx.GraphModule, list[Any]]:

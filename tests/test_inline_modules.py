@@ -15,7 +15,7 @@ from torch import fx, nn
 from fxmobile.passes.inline_modules import INLINERS, InlineModules, inline_leaf_modules
 from fxmobile.passes.stage import FxContext
 from fxmobile.script.scripting import quietly_script
-from tests.helpers import count_calls
+from tests.helpers import count_calls, trace_keeping
 
 
 def _freeze(module: nn.Module) -> torch.jit.ScriptModule:
@@ -210,14 +210,9 @@ class Conv2dSubclass(nn.Conv2d):
         return super().forward(x) * 2
 
 
-class LeafSubclassTracer(fx.Tracer):
-    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return isinstance(m, Conv2dSubclass) or super().is_leaf_module(m, qualname)
-
-
 def test_what_a_function_cannot_say_stays_a_module_call() -> None:
     model = Mixed().eval()
-    gm = fx.GraphModule(model, LeafSubclassTracer().trace(model))
+    gm = trace_keeping(model, Conv2dSubclass)
     text = gm.code
     inlined, count, skips = inline_leaf_modules(gm)
     assert count == 2, "only the two calls to self.conv"

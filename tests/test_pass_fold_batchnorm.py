@@ -21,23 +21,13 @@ from tests.helpers import (
     count_modules,
     randomize_batchnorm,
     run_fx_passes,
+    trace_keeping,
 )
 
 CONVS = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
 CONV_TS = {1: nn.ConvTranspose1d, 2: nn.ConvTranspose2d, 3: nn.ConvTranspose3d}
 BNS = {1: nn.BatchNorm1d, 2: nn.BatchNorm2d, 3: nn.BatchNorm3d}
 UNKNOWN = "shape unknown (pass example_inputs)"
-
-
-class LeafTracer(fx.Tracer):
-    """A tracer that keeps the given module types as leaves (call_module nodes)."""
-
-    def __init__(self, leaves: tuple[type[nn.Module], ...]) -> None:
-        super().__init__()
-        self.leaves = leaves
-
-    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return isinstance(m, self.leaves) or super().is_leaf_module(m, qualname)
 
 
 def fold(
@@ -48,7 +38,7 @@ def fold(
 ) -> tuple[fx.GraphModule, PassResult]:
     """Trace a copy of ``model`` (shape-propagated from ``inputs`` unless told not to), fold."""
     model = copy.deepcopy(model)
-    gm = fx.GraphModule(model, LeafTracer(leaves).trace(model))
+    gm = trace_keeping(model, *leaves)
     if shapes and inputs:
         ShapeProp(gm).propagate(*inputs)
     result = FoldBatchNorm().call(gm, FxContext())

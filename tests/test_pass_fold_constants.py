@@ -22,7 +22,13 @@ from fxmobile.passes.fold_constants import (
     FoldConstants,
 )
 from fxmobile.passes.stage import FxContext
-from tests.helpers import assert_equivalent, count_calls, count_modules, run_fx_passes
+from tests.helpers import (
+    assert_equivalent,
+    count_calls,
+    count_modules,
+    run_fx_passes,
+    trace_keeping,
+)
 
 
 def _fold(model: nn.Module) -> tuple[fx.GraphModule, PassResult]:
@@ -316,15 +322,10 @@ class UsesOpaque(nn.Module):
         return x + self.leaf(self.w * 2) + self.leaf.p * 3 + self.w.sum()
 
 
-class _LeafTracer(fx.Tracer):
-    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return isinstance(m, Opaque) or super().is_leaf_module(m, qualname)
-
-
 def test_opaque_module_is_not_evaluated_and_its_state_not_folded() -> None:
     model = UsesOpaque().eval()
     copied = copy.deepcopy(model)
-    gm = fx.GraphModule(copied, _LeafTracer().trace(copied))
+    gm = trace_keeping(copied, Opaque)
     result = FoldConstants().call(gm, FxContext())
     gm.recompile()
     assert result.skips["module not known to be pure"] == 1

@@ -20,6 +20,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from fxmobile.infra import Pass, PassManager, PassResult
 from fxmobile.passes.stage import FxContext, FxPass, FxStage, count_nodes, tensor_nbytes
+from tests.helpers import LeafTracer, trace_keeping
 
 
 class RunCounter(nn.Module):
@@ -43,14 +44,9 @@ class Model(nn.Module):
         return torch.relu(y) + torch.dropout(y, 0.5, False)
 
 
-class _KeepsCounter(fx.Tracer):
-    def is_leaf_module(self, m: nn.Module, name: str) -> bool:
-        return isinstance(m, RunCounter) or super().is_leaf_module(m, name)
-
-
 def _graph_module() -> fx.GraphModule:
     root = Model().eval()
-    return fx.GraphModule(root, _KeepsCounter().trace(root))
+    return trace_keeping(root, RunCounter)
 
 
 def _runs(gm: fx.GraphModule) -> int:
@@ -263,7 +259,7 @@ def test_the_graph_is_recompiled_after_each_pass_that_changed_it(
     passes: list[type[Pass[fx.GraphModule, FxContext]]], recompiles: int
 ) -> None:
     root = Model().eval()
-    gm = CountsRecompiles(root, _KeepsCounter().trace(root))
+    gm = CountsRecompiles(root, LeafTracer(RunCounter).trace(root))
     gm.recompiles = 0
     expected = gm.graph.python_code("self").src
     PassManager([p() for p in passes], FxStage((X,)), FxContext((X,))).run(gm)

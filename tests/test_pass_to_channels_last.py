@@ -27,6 +27,7 @@ from tests.helpers import (
     count_modules,
     randomize_batchnorm,
     run_fx_passes,
+    trace_keeping,
 )
 
 CL = torch.channels_last
@@ -57,8 +58,11 @@ class UserStep(nn.Module):
         return t.view(t.shape)  # .view of its own input's shape: any strides will do
 
 
-def _run(model: nn.Module, *inputs: object) -> tuple[fx.GraphModule, PassResult]:
-    gm = fx.symbolic_trace(copy.deepcopy(model))
+def _run(
+    model: nn.Module, *inputs: object, leaves: tuple[type[nn.Module], ...] = ()
+) -> tuple[fx.GraphModule, PassResult]:
+    """The pass on a copy of ``model`` traced with modules of ``leaves`` kept as calls."""
+    gm = trace_keeping(copy.deepcopy(model), *leaves)
     if inputs:
         ShapeProp(gm).propagate(*inputs)
     result = ToChannelsLast().call(gm, FxContext(inputs or None))
@@ -360,11 +364,6 @@ class ThroughUserStep(nn.Module):
         return self.step(self.conv(x))
 
 
-class _UserStepLeafTracer(fx.Tracer):
-    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return isinstance(m, UserStep) or super().is_leaf_module(m, module_qualified_name)
-
-
 @pytest.mark.parametrize("through", ["user function", "user module"])
 def test_what_the_pass_cannot_vouch_for_is_run_on_fake_tensors(
     monkeypatch: pytest.MonkeyPatch, through: str
@@ -383,15 +382,8 @@ def test_what_the_pass_cannot_vouch_for_is_run_on_fake_tensors(
     monkeypatch.setattr(pass_module, "_check", counted)
     torch.manual_seed(0)
     x = torch.randn(1, 3, 8, 8)
-    if through == "user function":
-        model: nn.Module = ScaledByUser().eval()
-        gm, result = _run(model, x)
-    else:
-        model = ThroughUserStep().eval()
-        gm = fx.GraphModule(model, _UserStepLeafTracer().trace(copy.deepcopy(model)))
-        ShapeProp(gm).propagate(x)
-        result = ToChannelsLast().call(gm, FxContext((x,)))
-        gm.recompile()
+    model = ScaledByUser().eval() if through == "user function" else ThroughUserStep().eval()
+    gm, result = _run(model, x, leaves=(UserStep,))
     assert len(runs) == 1 and result.rewrites == 3 and result.skips == {}
     assert_equivalent(model, gm, x)
 
@@ -769,23 +761,14 @@ class ScaleByMap(nn.Module):
         return y * self.weight
 
 
-class _ScaleByMapLeafTracer(fx.Tracer):
-    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return isinstance(m, ScaleByMap) or super().is_leaf_module(m, module_qualified_name)
-
-
 def test_the_weight_of_a_leaf_module_that_is_no_conv_is_left_alone() -> None:
     """Only ``nn.Conv2d`` / ``nn.ConvTranspose2d`` weights are stored channels-last: those are
     known to be read as conv weights only. A leaf module's ``weight`` keeps its layout."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), ScaleByMap()).eval()
     x = torch.randn(2, 3, 8, 8)
-    copied = copy.deepcopy(model)
-    gm = fx.GraphModule(copied, _ScaleByMapLeafTracer().trace(copied))
+    gm, result = _run(model, x, leaves=(ScaleByMap,))
     assert count_modules(gm, ScaleByMap) == 1
-    ShapeProp(gm).propagate(x)
-    result = ToChannelsLast().call(gm, FxContext((x,)))
-    gm.recompile()
     assert result.rewrites == 3 and result.skips == {}  # entry + conv weight + output restore
     assert _weight(gm, "0").is_contiguous(memory_format=CL)
     assert _weight(gm, "1").is_contiguous()
