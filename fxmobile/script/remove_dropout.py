@@ -42,14 +42,7 @@ class RemoveDropout(CountingScriptPass):
         """Every removable call in every rewritten method; what is left is reported."""
         skips = Skips()
         for name, graph in zip(ctx.methods, method_graphs(module, ctx.methods), strict=True):
-            in_forward = name == "forward"
-            for node in list(iter_nodes(graph)):
-                if node.kind() not in DROPOUT_KINDS:
-                    continue
-                if returns_its_input(node, in_forward):
-                    node.output().replaceAllUsesWith(node.inputsAt(0))
-                    node.destroy()
-                    continue
+            for node in remove_identity_dropouts(graph, in_forward=name == "forward"):
                 skips.add(
                     f"{node.kind()} with p not 0 and train not the constant False, or train "
                     f"False outside forward"
@@ -57,7 +50,22 @@ class RemoveDropout(CountingScriptPass):
         return module, dict(skips)
 
 
-def returns_its_input(node: torch._C.Node, in_forward: bool = True) -> bool:
+def remove_identity_dropouts(graph: torch._C.Graph, in_forward: bool = True) -> list[torch._C.Node]:
+    """Remove from ``graph`` every dropout call that returns its input (``_returns_its_input``);
+    the dropout calls left."""
+    kept = []
+    for node in list(iter_nodes(graph)):
+        if node.kind() not in DROPOUT_KINDS:
+            continue
+        if _returns_its_input(node, in_forward):
+            node.output().replaceAllUsesWith(node.inputsAt(0))
+            node.destroy()
+        else:
+            kept.append(node)
+    return kept
+
+
+def _returns_its_input(node: torch._C.Node, in_forward: bool) -> bool:
     """A dropout call whose ``p`` is the constant 0, or, in ``forward``, whose ``train`` is the
     constant False (toIValue: a constant's value, None for anything else)."""
     return _p_is_zero(node) or (in_forward and node.inputsAt(2).toIValue() is False)

@@ -41,8 +41,7 @@ from fxmobile.capture.checks import deep_copy
 from fxmobile.capture.hooks import hook_kinds
 from fxmobile.errors import InvalidValueError, ScriptingError
 from fxmobile.passes.graph_utils import tensor_meta
-from fxmobile.script.graph_utils import iter_nodes
-from fxmobile.script.remove_dropout import DROPOUT_KINDS, returns_its_input
+from fxmobile.script.remove_dropout import remove_identity_dropouts
 from fxmobile.verify import clone_inputs, compare_outputs, same_values
 
 
@@ -389,11 +388,7 @@ def _drop_identity_dropouts(traced: torch.jit.ScriptModule) -> None:
     for module in traced.modules():
         if not isinstance(module, torch.jit.ScriptModule) or not module._c._has_method("forward"):
             continue
-        graph = module._c._get_method("forward").graph
-        for node in list(iter_nodes(graph)):
-            if node.kind() in DROPOUT_KINDS and returns_its_input(node):
-                node.output().replaceAllUsesWith(node.inputsAt(0))
-                node.destroy()
+        remove_identity_dropouts(module._c._get_method("forward").graph)
 
 
 def _second_names_as_attributes(model: nn.Module) -> None:
