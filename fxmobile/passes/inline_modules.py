@@ -118,12 +118,11 @@ def _given_sizes(size: Any, dims: int) -> tuple[int, ...] | None:
 
 
 def _adaptive_avg_pool(m: Any) -> Call | None:
-    op, function, dims = _ADAPTIVE_AVG_POOL[type(m)]
-    size = m.output_size
-    if not isinstance(size, int) and None in tuple(size):
-        return None  # a size taken from the input's: TorchScript has no literal for (None, 3)
-    sizes = _given_sizes(size, dims)
-    return Call(function, (size,)) if sizes is None else Call(op, (sizes,))
+    # None keeps the call: a size taken from the input's ((None, 3) has no TorchScript
+    # literal), or sizes the module's forward rejects
+    op, _, dims = _ADAPTIVE_AVG_POOL[type(m)]
+    sizes = _given_sizes(m.output_size, dims)
+    return None if sizes is None else Call(op, (sizes,))
 
 
 # the functions the modules above call, as users also write them: function -> (op, dims)
@@ -132,15 +131,16 @@ _DIRECT_FUNCTIONS = {function: (op, dims) for op, function, dims in _ADAPTIVE_AV
 
 def _direct_call(node: fx.Node) -> tuple[Callable[..., Any], tuple[Any, ...]] | None:
     """``F.adaptive_avg_pool2d(x, 1)`` in the graph -> (the ATen op, its arguments), when
-    every output size is a constant; None for any other node."""
+    every output size is a constant; None for any other node. torch.fx records these calls
+    through ``__torch_function__``, which passes both arguments by position."""
     if node.op != "call_function" or node.target not in _DIRECT_FUNCTIONS:
         return None
     op, dims = _DIRECT_FUNCTIONS[node.target]
-    args = dict(zip(("input", "output_size"), node.args, strict=False)) | node.kwargs
-    if set(args) != {"input", "output_size"}:
+    if len(node.args) != 2 or node.kwargs:
         return None
-    sizes = _given_sizes(args["output_size"], dims)
-    return None if sizes is None else (op, (args["input"], sizes))
+    source, size = node.args
+    sizes = _given_sizes(size, dims)
+    return None if sizes is None else (op, (source, sizes))
 
 
 # The functional activations branch on ``inplace`` (F.hardtanh also checks its bounds, which
