@@ -76,6 +76,7 @@ def test_a_scale_or_shift_of_another_length_is_a_value_error_naming_both(wrong: 
         ((3000, 700), False, 1),  # a Linear: blocks of 374 rows, the last one short
         ((1024, 96, 3, 3), True, 4),  # transposed, grouped: groups span blocks
         ((8, 3, 5, 5), True, 2),  # one block
+        ((1, 3, 3, 3), False, 1),  # one output channel: one row
         ((0, 3, 3, 3), False, 1),  # no output channels
     ],
 )

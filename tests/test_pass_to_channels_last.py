@@ -341,16 +341,33 @@ class DataDependentAten(nn.Module):
         return y / y.abs().max().item()
 
 
-def test_ops_that_take_any_layout_are_converted_without_the_fake_run() -> None:
+class DataDependentFunctional(nn.Module):
+    """As DataDependentAten, with the conv written as F.conv2d on a parameter: the change
+    reaches the weight's get_attr too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 3, 3, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.conv2d(x, self.weight)
+        return y / y.abs().max().item()
+
+
+@pytest.mark.parametrize("model_type", [DataDependentAten, DataDependentFunctional])
+def test_ops_that_take_any_layout_are_converted_without_the_fake_run(
+    model_type: type[nn.Module],
+) -> None:
     """Every op the change reaches is an ATen op other than .view (``.item()`` included): the
     rewritten graph runs as the old one did, so the pass needs no fake run, which ``.item()``
     would fail (it has no value on fake tensors), and converts."""
     torch.manual_seed(0)
-    model = DataDependentAten().eval()
+    model = model_type().eval()
     x = torch.randn(1, 3, 8, 8)
     gm, result = _run(model, x)
     assert result.rewrites == 3 and result.skips == {}  # entry, conv weight, output restore
-    assert _entries(gm) == 1 and _weight(gm, "conv").is_contiguous(memory_format=CL)
+    weight = gm.get_parameter("weight" if model_type is DataDependentFunctional else "conv.weight")
+    assert _entries(gm) == 1 and weight.is_contiguous(memory_format=CL)
     assert_equivalent(model, gm, x)
 
 
