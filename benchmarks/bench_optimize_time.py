@@ -57,16 +57,16 @@ NO_INPUTS = "fxmobile.optimize, no example_inputs"
 # indented labels run inside the unindented one above them. The eager reference and the check
 # run are verification: fxmobile's report counts them apart (optimize_seconds, check_seconds).
 STAGES = (
-    ("fxmobile.api", "_fx_stage", "FX stage"),
-    ("fxmobile.api", "capture", "  capture: copy + symbolic trace"),
+    ("fxmobile.api.fx_flow", "fx_stage", "FX stage"),
+    ("fxmobile.api.fx_flow", "capture", "  capture: copy + symbolic trace"),
     ("fxmobile.capture.trace", "reference_outputs", "  eager reference run (check)"),
-    ("fxmobile.api", "to_torchscript", "torch.jit.script of the graph module"),
-    ("fxmobile.api", "_script_stage", "TorchScript stage"),
-    ("fxmobile.api", "op_histogram", "  op histograms"),
-    ("fxmobile.api", "unfused_ops", "  unfused op count"),
-    ("fxmobile.api", "lite_interpreter_bytes", "  lite-interpreter bytes (file size)"),
-    ("fxmobile.api", "generate_mobile_module_lints", "  lints"),
-    ("fxmobile.api", "run_calls", "optimized module run (check)"),
+    ("fxmobile.api.script_flow", "to_torchscript", "torch.jit.script of the graph module"),
+    ("fxmobile.api.script_flow", "script_stage", "TorchScript stage"),
+    ("fxmobile.api.script_flow", "op_histogram", "  op histograms"),
+    ("fxmobile.api.script_flow", "unfused_ops", "  unfused op count"),
+    ("fxmobile.api.results", "lite_interpreter_bytes", "  lite-interpreter bytes (file size)"),
+    ("fxmobile.api.script_flow", "generate_mobile_module_lints", "  lints"),
+    ("fxmobile.api.gate", "run_calls", "optimized module run (check)"),
 )
 
 

@@ -23,6 +23,7 @@ from typing import ClassVar, Generic, Protocol, TypeVar
 
 from fxmobile.errors import PassError
 from fxmobile.options import MobileOptimizerType
+from fxmobile.progress import step
 from fxmobile.report.records import PassRecord, Stage, Status
 
 U = TypeVar("U")  # the unit a stage rewrites
@@ -118,7 +119,8 @@ class PassManager(Generic[U, C]):
         records: list[PassRecord] = []
         measured: tuple[int, int] | None = None  # the last pass's "after" is the next "before"
         stage = self.stage.stage
-        for p in self.passes:
+        for done, p in enumerate(self.passes):
+            step(f"{stage.value} passes", done, len(self.passes))
             member = p.optimization.name if p.optimization else None
             if p.blocked_by() & self.blocklist:
                 records.append(PassRecord(p.name, stage, Status.BLOCKLISTED, member=member))

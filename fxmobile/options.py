@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
+from torch import fx, nn
 
 from fxmobile.errors import InvalidArgumentError, InvalidValueError
 
@@ -103,6 +103,11 @@ class Options:
     def checks(self) -> bool:
         """Whether the optimized module is run against eager (inputs given, check not off)."""
         return self.example_inputs is not None and self.check is not Check.OFF
+
+    @property
+    def specialized_args(self) -> dict[str, Any]:
+        """The concrete arguments that are values (``fx.PH`` keeps a parameter an input)."""
+        return {k: v for k, v in (self.concrete_args or {}).items() if v is not fx.PH}
 
 
 def make_options(

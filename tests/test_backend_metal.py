@@ -197,7 +197,7 @@ def test_mutation_is_removed() -> None:
 def test_metal_takes_no_blocklist() -> None:
     model = randomize_batchnorm(Layers()).eval()
     everything = frozenset(MobileOptimizerType)
-    result = metal(quietly_script(model), optimization_blocklist=everything)
+    result = metal(quietly_script(model), blocklist=everything)
     hist = ops(result.module)
     assert hist["metal_prepack::conv2d_run"] == 2 and "aten::batch_norm" not in hist
     assert not [r for r in result.report.passes if r.status.name == "BLOCKLISTED"]

@@ -141,7 +141,7 @@ class TwoUsers(nn.Module):
 def test_activation_not_fused_when_the_unclamped_output_is_used_too() -> None:
     model = TwoUsers().eval()
     x = torch.randn(1, 3, 5, 5)
-    result = cpu(model, x, optimization_blocklist={MobileOptimizerType.FUSE_ADD_RELU})
+    result = cpu(model, x, blocklist={MobileOptimizerType.FUSE_ADD_RELU})
     assert ops(result.module)["aten::relu"] == 1
     assert result.report.record("fuse_clamp").skips == {
         "prepacked::conv2d_clamp_run output has 2 users": 1
@@ -238,7 +238,7 @@ def test_insert_fold_prepack_ops_blocklisted_by_upstream_member() -> None:
     x = torch.randn(1, 3, 8, 8)
     # torch's stub declares _MobileOptimizerType without its members
     upstream = torch._C._MobileOptimizerType.INSERT_FOLD_PREPACK_OPS  # type: ignore[attr-defined]
-    result = cpu(model, x, optimization_blocklist=[upstream])
+    result = cpu(model, x, blocklist=[upstream])
     hist = ops(result.module)
     assert hist["aten::conv2d"] == 2 and not any(k.startswith("prepacked::") for k in hist)
     assert result.module.mobile_optimized is True

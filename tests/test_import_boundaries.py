@@ -1,8 +1,9 @@
 """The floors of fxmobile, kept: no module imports one on a floor above its own, shared code never
 imports a backend, and no backend imports another.
 
-    foundation (errors, options, infra, ops, report, timing, verify)
-      <- capture <- passes <- script <- backends <- runtime <- api <- cli, the package itself
+    foundation (errors, options, infra, ops, progress, report, timing, verify)
+      <- capture <- passes <- script <- backends <- runtime <- executorch <- api <- cli, the
+      package itself
 
 A module may import its own floor and every floor below it; imports inside functions count too
 (they are how an upward import hides). ``model_zoo_checks`` and ``benchmarks`` stand on top and
@@ -21,12 +22,13 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "fxmobile"
 
 FLOORS: tuple[frozenset[str], ...] = (
-    frozenset({"errors", "options", "infra", "ops", "report", "timing", "verify"}),
+    frozenset({"errors", "options", "infra", "ops", "progress", "report", "timing", "verify"}),
     frozenset({"capture"}),
     frozenset({"passes"}),
     frozenset({"script"}),
     frozenset({"backends"}),
     frozenset({"runtime"}),
+    frozenset({"executorch"}),
     frozenset({"api"}),
     frozenset({"cli", "__init__", "__main__"}),
 )

@@ -49,6 +49,37 @@ def test_blocklisted_pass_does_not_run_and_is_recorded() -> None:
     assert any(type(m) is nn.Dropout for m in result.graph_module.modules())
 
 
+def test_every_entry_point_spells_the_blocklist_blocklist() -> None:
+    model = nn.Sequential(nn.Linear(3, 3), nn.Dropout()).eval()
+    blocked = {MobileOptimizerType.REMOVE_DROPOUT}
+    fx_result = fxmobile.optimize_fx(model, blocklist=blocked)
+    mobile = fxmobile.optimize(model, blocklist=blocked)
+    for report in (fx_result.report, mobile.report):
+        assert report.record("remove_dropout").status is Status.BLOCKLISTED
+
+
+def test_optimize_names_blocklist_when_given_upstreams_spelling() -> None:
+    model = nn.Linear(3, 3).eval()
+    with pytest.raises(fxmobile.InvalidArgumentError, match=r"'optimization_blocklist'.*blocklist"):
+        fxmobile.optimize(model, optimization_blocklist=set())  # type: ignore[call-arg]
+    with pytest.raises(fxmobile.InvalidArgumentError, match=r"'tolerence'.*tolerance="):
+        fxmobile.optimize_fx(model, tolerence=1e-3)  # type: ignore[call-arg]
+
+
+def test_the_drop_in_takes_upstreams_blocklist_positionally_and_by_its_keyword() -> None:
+    scripted = torch.jit.script(nn.Sequential(nn.Linear(3, 3), nn.ReLU()).eval())
+    blocked = {torch._C._MobileOptimizerType.INSERT_FOLD_PREPACK_OPS}  # type: ignore[attr-defined]
+    for optimized in (
+        fxmobile.optimize_for_mobile(scripted, blocked),
+        fxmobile.optimize_for_mobile(scripted, optimization_blocklist=blocked),
+        fxmobile.optimize_for_mobile(scripted, blocklist=blocked),
+    ):
+        assert "prepacked::linear_clamp_run" not in str(optimized.graph)
+    assert "prepacked::linear_clamp_run" in str(fxmobile.optimize_for_mobile(scripted).graph)
+    with pytest.raises(fxmobile.InvalidArgumentError, match="pass one"):
+        fxmobile.optimize_for_mobile(scripted, blocked, optimization_blocklist=blocked)
+
+
 class Broken(FxPass):
     optimization = MobileOptimizerType.FOLD_CONSTANTS
     summary = "breaks"

@@ -152,7 +152,7 @@ def capture(model: nn.Module, options: Options) -> Capture:
         guard_input_shapes(gm, traced_graph.guards)
     _resolve_string_annotations(gm, copied)
     if reference is not None:
-        args, _ = eager_arguments(copied, options.example_inputs or (), _specialized(options))
+        args, _ = eager_arguments(copied, options.example_inputs or (), options.specialized_args)
         check_input_writes(gm, name, args, after_reference)
         if plan.kept:
             _check_kept_hooks_feed_nothing(gm, name, args, reference, options.tolerance, plan.kept)
@@ -254,14 +254,9 @@ def guard_input_shapes(gm: fx.GraphModule, shapes: dict[str, tuple[int, ...]]) -
     gm.recompile()
 
 
-def _specialized(options: Options) -> dict[str, Any]:
-    """The concrete arguments that are values (``fx.PH`` keeps a parameter an input)."""
-    return {k: v for k, v in (options.concrete_args or {}).items() if v is not fx.PH}
-
-
 def _reference_run(model: nn.Module, options: Options) -> tuple[Any, tuple[Any, ...]]:
     """Eager's outputs on the example inputs, and the inputs as the call left them."""
-    args, kwargs = eager_arguments(model, options.example_inputs or (), _specialized(options))
+    args, kwargs = eager_arguments(model, options.example_inputs or (), options.specialized_args)
     return reference_outputs(model, type(model).__name__, args, kwargs)
 
 

@@ -324,9 +324,7 @@ def test_example_inputs_forward_cannot_run_leave_the_graph_alone() -> None:
     model = _ConvertsItself().eval()
     x = torch.randn(2, 3, 6, 6)
     blocked = {fxmobile.MobileOptimizerType.CHANNELS_LAST}
-    module = fxmobile.optimize(
-        torch.jit.script(model), example_inputs=x, optimization_blocklist=blocked
-    ).module
+    module = fxmobile.optimize(torch.jit.script(model), example_inputs=x, blocklist=blocked).module
     before = str(module.graph)
     ctx = ScriptContext(("forward",), (), (torch.randn(2, 5, 6, 6),))
     result = shuffle.KeepChannelsLastShuffle().call(module, ctx)

@@ -115,7 +115,7 @@ def test_input_already_channels_last_is_not_converted_again() -> None:
 def test_blocklist_switches_it_off() -> None:
     model = _Net().eval()
     x = torch.randn(1, 3, 8, 8)
-    result = _optimized(model, x, optimization_blocklist={MobileOptimizerType.CHANNELS_LAST})
+    result = _optimized(model, x, blocklist={MobileOptimizerType.CHANNELS_LAST})
     assert cl.CHANNELS_LAST not in _formats(result.module)
 
 
@@ -520,7 +520,7 @@ def test_an_output_that_was_not_contiguous_undoes_the_change() -> None:
 def _without_layout_passes(model: nn.Module, x: torch.Tensor) -> torch.jit.ScriptModule:
     """``model`` through the pipeline up to its layout passes: prepacked convs, NCHW."""
     blocked = {MobileOptimizerType.CHANNELS_LAST}
-    return _optimized(model, x, optimization_blocklist=blocked).module
+    return _optimized(model, x, blocklist=blocked).module
 
 
 def test_example_inputs_forward_cannot_run_leave_the_graph_alone() -> None:

@@ -1,0 +1,66 @@
+"""What the entry points return: the optimized module and the report of how it was made."""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.jit.mobile
+from torch import fx
+
+from fxmobile.errors import ScriptingError
+from fxmobile.report import FileFacts, Report
+from fxmobile.runtime.compat import backport_for, file_compatibility
+from fxmobile.script.serialization import lite_interpreter_bytes
+
+
+@dataclass
+class FxResult:
+    """The optimized ``GraphModule`` and the report of how it was made."""
+
+    graph_module: fx.GraphModule
+    report: Report
+
+
+@dataclass
+class MobileResult:
+    """The optimized ``ScriptModule`` and the report of both stages."""
+
+    module: torch.jit.ScriptModule
+    report: Report
+
+    target_runtime: str | None = None
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write a lite-interpreter file (load it with ``_load_for_lite_interpreter``), in the
+        bytecode ``target_runtime`` reads; the report's ``file`` then describes that file.
+
+        The bytes are loaded back in the lite interpreter first: a file it cannot read (an output
+        type its type parser does not know, such as a ``Union``) is a ``ScriptingError``, and
+        nothing is written."""
+        data = lite_file(self.module, self.target_runtime)
+        try:
+            torch.jit.mobile._load_for_lite_interpreter(io.BytesIO(data))
+        except RuntimeError as exc:
+            lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+            raise ScriptingError(
+                f"the lite interpreter cannot load {self.report.model_name}'s file: "
+                f"{lines[0] if lines else type(exc).__name__}. Fix: return tensors, or a tuple, "
+                "list or dict whose values are all of one type, from forward."
+            ) from exc
+        with open(path, "wb") as out:
+            out.write(data)
+        self.report.file = file_facts(data)
+
+
+def lite_file(module: torch.jit.ScriptModule, target_runtime: str | None) -> bytes:
+    """The lite-interpreter file of ``module``, backported for ``target_runtime`` if needed."""
+    data = lite_interpreter_bytes(module)
+    return data if target_runtime is None else backport_for(target_runtime, data)
+
+
+def file_facts(data: bytes) -> FileFacts:
+    """Size and mobile compatibility of a lite-interpreter file."""
+    return FileFacts(len(data), file_compatibility(data).to_dict())
