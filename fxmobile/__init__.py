@@ -3,14 +3,24 @@
 Importing fxmobile registers its C++ operator library (see fxmobile.backends.library).
 """
 
-from fxmobile.api import FxResult, MobileResult, optimize, optimize_for_mobile, optimize_fx
+from fxmobile.api import (
+    FxResult,
+    MobileResult,
+    ProgramResult,
+    optimize,
+    optimize_for_mobile,
+    optimize_fx,
+)
 from fxmobile.backends.library import OpFamily, Provider, registration_status
 from fxmobile.errors import (
     CaptureError,
+    ExportError,
     FxMobileError,
     InputWriteError,
     InvalidArgumentError,
     InvalidValueError,
+    LoweringError,
+    MissingDependencyError,
     NumericalMismatchError,
     PassError,
     RefusedError,
@@ -26,17 +36,21 @@ __all__ = [
     "Backend",
     "CaptureError",
     "Check",
+    "ExportError",
     "FxMobileError",
     "FxResult",
     "InputWriteError",
     "InvalidArgumentError",
     "InvalidValueError",
     "LintCode",
+    "LoweringError",
+    "MissingDependencyError",
     "MobileOptimizerType",
     "MobileResult",
     "NumericalMismatchError",
     "OpFamily",
     "PassError",
+    "ProgramResult",
     "Provider",
     "RefusedError",
     "Report",

@@ -46,6 +46,19 @@ class InputWriteError(RefusedError):
     (the numerical check compares outputs, not what a call leaves in its inputs)."""
 
 
+class ExportError(CaptureError):
+    """``torch.export`` could not take the model, so no ExecuTorch program can be made of it;
+    the message gives export's reason and the route that takes it (the lite-interpreter file)."""
+
+
+class LoweringError(FxMobileError, RuntimeError):
+    """ExecuTorch's lowering or runtime failed on a program fxmobile exported."""
+
+
+class MissingDependencyError(FxMobileError, ImportError):
+    """An optional dependency the call needs is not installed; the message says how to."""
+
+
 class PassError(FxMobileError, RuntimeError):
     """A pass failed; the message says which passes ran before it."""
 

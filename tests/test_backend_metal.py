@@ -29,7 +29,7 @@ from tests.helpers import assert_equivalent, randomize_batchnorm
 
 
 def metal(model: nn.Module, **kwargs: object) -> fxmobile.MobileResult:
-    return fxmobile.optimize(model, backend="metal", **kwargs)  # type: ignore[arg-type]
+    return fxmobile.optimize(model, backend="metal", **kwargs)  # type: ignore[call-overload]
 
 
 def ops(module: torch.jit.ScriptModule, method: str = "forward") -> Counter[str]:

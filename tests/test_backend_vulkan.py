@@ -36,7 +36,7 @@ NO_TRANSFER = frozenset({GPU_TRANSFER})
 def vulkan(
     model: nn.Module, blocklist: frozenset[MobileOptimizerType] = NO_TRANSFER, **kwargs: object
 ) -> fxmobile.MobileResult:
-    return fxmobile.optimize(model, blocklist, backend="vulkan", **kwargs)  # type: ignore[arg-type]
+    return fxmobile.optimize(model, blocklist, backend="vulkan", **kwargs)  # type: ignore[call-overload]
 
 
 def ops(module: torch.jit.ScriptModule, method: str = "forward") -> Counter[str]:

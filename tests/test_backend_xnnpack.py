@@ -27,7 +27,7 @@ def ops(module: torch.jit.ScriptModule) -> dict[str, int]:
 
 
 def cpu(model: nn.Module, x: torch.Tensor, **kwargs: object) -> fxmobile.MobileResult:
-    return fxmobile.optimize(model, example_inputs=x, **kwargs)  # type: ignore[arg-type]
+    return fxmobile.optimize(model, example_inputs=x, **kwargs)  # type: ignore[call-overload]
 
 
 class Layers(nn.Module):

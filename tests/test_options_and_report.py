@@ -61,7 +61,7 @@ def test_every_entry_point_spells_the_blocklist_blocklist() -> None:
 def test_optimize_names_blocklist_when_given_upstreams_spelling() -> None:
     model = nn.Linear(3, 3).eval()
     with pytest.raises(fxmobile.InvalidArgumentError, match=r"'optimization_blocklist'.*blocklist"):
-        fxmobile.optimize(model, optimization_blocklist=set())  # type: ignore[call-arg]
+        fxmobile.optimize(model, optimization_blocklist=set())  # type: ignore[call-overload]
     with pytest.raises(fxmobile.InvalidArgumentError, match=r"'tolerence'.*tolerance="):
         fxmobile.optimize_fx(model, tolerence=1e-3)  # type: ignore[call-arg]
 

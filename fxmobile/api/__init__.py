@@ -19,23 +19,24 @@ import difflib
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 import torch
 from torch import nn
 
-from fxmobile.api import gate, script_flow
+from fxmobile.api import gate, program_flow, script_flow
 from fxmobile.api.fx_flow import Clock, Observe, fx_stage
-from fxmobile.api.results import FxResult, MobileResult, lite_file
+from fxmobile.api.results import FxResult, MobileResult, ProgramResult, lite_file
 from fxmobile.capture import admit
 from fxmobile.capture.checks import check_tensors
-from fxmobile.errors import InvalidArgumentError
+from fxmobile.errors import InvalidArgumentError, InvalidValueError
 from fxmobile.options import (
     DEFAULT_TOLERANCE,
     Backend,
     BlocklistItem,
     Check,
     LeafSpec,
+    Options,
     make_options,
 )
 from fxmobile.runtime.process import runtime_spec
@@ -43,6 +44,7 @@ from fxmobile.runtime.process import runtime_spec
 __all__ = [
     "FxResult",
     "MobileResult",
+    "ProgramResult",
     "lite_file",
     "optimize",
     "optimize_for_mobile",
@@ -50,6 +52,9 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# ``target_runtime`` for an ExecuTorch program (a ``.pte`` file) instead of a lite-interpreter file.
+EXECUTORCH = "executorch"
 
 # Names other tools give an option, and fxmobile's one spelling of it.
 _OTHER_SPELLINGS = {"optimization_blocklist": "blocklist"}
@@ -129,6 +134,44 @@ def optimize_fx(
     return FxResult(gm, report)
 
 
+@overload
+def optimize(  # type: ignore[overload-overlap]  # "executorch" is a str: the first wins, as meant
+    module: nn.Module,
+    blocklist: Iterable[BlocklistItem] | None = None,
+    preserved_methods: Sequence[str] | None = None,
+    backend: Backend | str = "CPU",
+    *,
+    example_inputs: Any = None,
+    leaf_modules: Iterable[LeafSpec] = (),
+    concrete_args: Mapping[str, Any] | None = None,
+    auto_leaf: bool = True,
+    eval_copy: bool = False,
+    channels_last: bool | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
+    check: Check | str = Check.RAISE,
+    target_runtime: Literal["executorch"],
+) -> ProgramResult: ...
+
+
+@overload
+def optimize(
+    module: nn.Module,
+    blocklist: Iterable[BlocklistItem] | None = None,
+    preserved_methods: Sequence[str] | None = None,
+    backend: Backend | str = "CPU",
+    *,
+    example_inputs: Any = None,
+    leaf_modules: Iterable[LeafSpec] = (),
+    concrete_args: Mapping[str, Any] | None = None,
+    auto_leaf: bool = True,
+    eval_copy: bool = False,
+    channels_last: bool | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
+    check: Check | str = Check.RAISE,
+    target_runtime: str | None = None,
+) -> MobileResult: ...
+
+
 @_arguments_named
 def optimize(
     module: nn.Module,
@@ -145,7 +188,7 @@ def optimize(
     tolerance: float = DEFAULT_TOLERANCE,
     check: Check | str = Check.RAISE,
     target_runtime: str | None = None,
-) -> MobileResult:
+) -> MobileResult | ProgramResult:
     """Optimize ``module`` for ``backend``; the module and the report of everything done.
 
     Arguments as ``optimize_for_mobile``; the keyword-only ones are those of ``optimize_fx``,
@@ -156,7 +199,28 @@ def optimize(
     pass ``False`` to keep eager's layout. ``target_runtime`` (a reference runtime's version,
     ``"1.13.1"`` or ``"2.12.1"``) makes ``save`` write the bytecode that runtime reads,
     refusing (``IncompatibleRuntimeError``, naming the operator) when an operator is newer.
+
+    ``target_runtime="executorch"`` makes an ExecuTorch program for the XNNPACK delegate
+    instead (a ``ProgramResult``; ``save`` writes the ``.pte``), checked in ExecuTorch's
+    runtime; it needs ``example_inputs`` and the CPU backend, and takes an eager model.
     """
+    if isinstance(target_runtime, str) and target_runtime.lower() == EXECUTORCH:
+        return _program(
+            module,
+            make_options(
+                blocklist=blocklist,
+                backend=backend,
+                preserved_methods=preserved_methods,
+                example_inputs=example_inputs,
+                leaf_modules=leaf_modules,
+                concrete_args=concrete_args,
+                auto_leaf=auto_leaf,
+                eval_copy=eval_copy,
+                channels_last=bool(channels_last),
+                tolerance=tolerance,
+                check=check,
+            ),
+        )
     if target_runtime is not None:
         runtime_spec(target_runtime)
     options = make_options(
@@ -196,6 +260,42 @@ def optimize(
         gate.check(report, options, clock, expected, optimized, rerun)
     clock.record(report)
     return MobileResult(optimized, report, target_runtime)
+
+
+def _program(module: nn.Module, options: Options) -> ProgramResult:
+    """The ExecuTorch target: refusals of what it cannot take, then the program and its gate."""
+    if isinstance(module, torch.jit.ScriptModule):
+        raise InvalidArgumentError(
+            "a ScriptModule cannot become an ExecuTorch program (torch.export takes eager "
+            "modules): pass the eager model, or drop target_runtime for a lite-interpreter file"
+        )
+    if options.backend is not Backend.CPU:
+        raise InvalidValueError(
+            f"target_runtime='executorch' makes programs for ExecuTorch's XNNPACK delegate, on "
+            f"the CPU; got backend {options.backend.name if options.backend else None!r}. Pass "
+            f"backend='CPU', or drop target_runtime for a {options.backend} lite-interpreter file"
+        )
+    if options.preserved_methods:
+        raise InvalidValueError(
+            "target_runtime='executorch' exports forward only; preserved_methods need the "
+            "lite-interpreter file (drop target_runtime)"
+        )
+    if options.example_inputs is None:
+        raise InvalidValueError(
+            "target_runtime='executorch' needs example_inputs: torch.export traces the model "
+            "with them, and the program is checked on them"
+        )
+    admit(module, options)
+    clock = Clock()
+    lowered, runner, report, expected = program_flow.to_program(module, options, clock)
+    if options.checks:
+
+        def rerun(observe: Observe) -> None:
+            program_flow.rerun(module, options, observe)
+
+        gate.check(report, options, clock, expected, runner, rerun)
+    clock.record(report)
+    return ProgramResult(lowered.program, lowered.buffer, report, runner)
 
 
 def optimize_for_mobile(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.jit.mobile
@@ -53,6 +55,30 @@ class MobileResult:
         with open(path, "wb") as out:
             out.write(data)
         self.report.file = file_facts(data)
+
+
+@dataclass
+class ProgramResult:
+    """The ExecuTorch program for the XNNPACK delegate, and the report of every step.
+
+    ``program`` is ExecuTorch's ``ExecutorchProgramManager`` (its ``exported_program()`` is the
+    lowered graph); ``buffer`` the ``.pte`` bytes; ``run`` calls the program's ``forward`` in
+    ExecuTorch's runtime, with the model's own arguments and output structure.
+    """
+
+    program: Any
+    buffer: bytes
+    report: Report
+    runner: Callable[..., Any] = field(repr=False)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the ``.pte`` file an app loads with ExecuTorch's runtime."""
+        with open(path, "wb") as out:
+            out.write(self.buffer)
+
+    def run(self, *inputs: Any) -> Any:
+        """The program's outputs on ``inputs``, computed by ExecuTorch's runtime."""
+        return self.runner(*inputs)
 
 
 def lite_file(module: torch.jit.ScriptModule, target_runtime: str | None) -> bytes:

@@ -5,9 +5,21 @@ from fxmobile.report.records import (
     HookRecord,
     OutputCheck,
     PassRecord,
+    PortableOp,
+    ProgramFacts,
     Report,
     Stage,
     Status,
 )
 
-__all__ = ["FileFacts", "HookRecord", "OutputCheck", "PassRecord", "Report", "Stage", "Status"]
+__all__ = [
+    "FileFacts",
+    "HookRecord",
+    "OutputCheck",
+    "PassRecord",
+    "PortableOp",
+    "ProgramFacts",
+    "Report",
+    "Stage",
+    "Status",
+]

@@ -17,6 +17,8 @@ class Stage(enum.Enum):
 
     FX = "fx"
     SCRIPT = "script"
+    EXPORT = "export"  # torch.export, and passes on the exported ATen graph (ExecuTorch target)
+    LOWER = "lower"  # ExecuTorch's edge dialect, the XNNPACK partitioner, the program
 
 
 class Status(enum.Enum):
@@ -117,6 +119,41 @@ class FileFacts:
     compatibility: dict[str, Any] | None = None  # fxmobile.runtime.compat.FileCompatibility
 
 
+@dataclass(frozen=True)
+class PortableOp:
+    """An operator an ExecuTorch program runs on portable kernels, outside every delegate."""
+
+    op: str  # the edge operator, "aten::native_layer_norm"
+    count: int
+    reason: str  # why the XNNPACK partitioner left it out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "count": self.count, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class ProgramFacts:
+    """What an ExecuTorch program is: its size, its delegate calls, what runs outside them."""
+
+    nbytes: int
+    delegate_calls: int  # calls into the XNNPACK delegate, one per partition
+    delegated_ops: int  # edge operators inside those partitions
+    portable_ops: tuple[PortableOp, ...] = ()
+
+    @property
+    def portable_count(self) -> int:
+        """Operator calls left on portable kernels."""
+        return sum(p.count for p in self.portable_ops)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nbytes": self.nbytes,
+            "delegate_calls": self.delegate_calls,
+            "delegated_ops": self.delegated_ops,
+            "portable_ops": [p.to_dict() for p in self.portable_ops],
+        }
+
+
 @dataclass
 class Report:
     """Everything fxmobile did to one model, in order."""
@@ -143,6 +180,8 @@ class Report:
     hooks: list[HookRecord] = field(default_factory=list)
     # parametrizations evaluated into plain parameters, by kind (weight_norm, _SpectralNorm...)
     parametrizations: dict[str, int] = field(default_factory=dict)
+    # the ExecuTorch program (target_runtime="executorch"): size, delegates, portable ops
+    program: ProgramFacts | None = None
     optimize_seconds: float | None = None  # the passes, scripting and freezing
     check_seconds: float | None = None  # eager's reference run and the optimized module's run
 
@@ -207,6 +246,7 @@ class Report:
             "lints": self.lints,
             "hooks": [h.to_dict() for h in self.hooks],
             "parametrizations": dict(self.parametrizations),
+            "program": None if self.program is None else self.program.to_dict(),
             "optimize_seconds": self.optimize_seconds,
             "check_seconds": self.check_seconds,
         }

@@ -8,7 +8,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from fxmobile.report.records import OutputCheck, PassRecord, Report, Status
+from fxmobile.report.records import OutputCheck, PassRecord, ProgramFacts, Report, Status
 
 
 def format_bytes(n: int) -> str:
@@ -97,6 +97,8 @@ def render(report: Report, fmt: str) -> str:
         parts.append(
             tabulate(rows, headers=["lint", "message"], tablefmt=fmt, maxcolwidths=[None, 90])
         )
+    if report.program is not None:
+        parts.append(program_summary(report.program, fmt))
     if report.file_bytes is not None:
         parts.append(f"lite-interpreter file: {format_bytes(report.file_bytes)}")
     if report.compatibility is not None:
@@ -111,6 +113,22 @@ def _unfused_line(unfused: dict[str, int]) -> str:
         return "ops left unfused: 0 (every tensor op runs in a packed kernel)"
     ranked = sorted(unfused.items(), key=lambda kv: (-kv[1], kv[0]))
     return f"ops left unfused: {total} (" + ", ".join(f"{k} {n}" for k, n in ranked) + ")"
+
+
+def program_summary(program: ProgramFacts, fmt: str) -> str:
+    """The ExecuTorch program: size, delegate calls, and each op left on portable kernels."""
+    head = (
+        f"ExecuTorch program: {format_bytes(program.nbytes)}, {program.delegate_calls} XNNPACK "
+        f"delegate call(s) holding {program.delegated_ops} ops, "
+        f"{program.portable_count} op call(s) on portable kernels"
+    )
+    if not program.portable_ops:
+        return head
+    rows = [[p.op, p.count, p.reason] for p in program.portable_ops]
+    headers = ["portable op", "calls", "why XNNPACK did not take it"]
+    return (
+        head + "\n\n" + tabulate(rows, headers=headers, tablefmt=fmt, maxcolwidths=[None, None, 70])
+    )
 
 
 def numerics_table(checks: list[OutputCheck], fmt: str) -> str:
