@@ -12,7 +12,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,6 +25,9 @@ class Timing:
     p10_ms: float  # a fast run: what the machine gives when nothing else is running
     p90_ms: float
     runs: int
+    # every call's milliseconds, in the order they were measured (``report.plot()`` draws their
+    # distribution); left out of ``to_dict`` and the repr, which stay a few numbers long
+    samples_ms: tuple[float, ...] = field(default=(), repr=False)
 
     def to_dict(self) -> dict[str, float | int]:
         return {
@@ -64,11 +67,12 @@ def interleaved_medians(
 
 
 def summarize(values: list[float]) -> Timing:
-    """Median, 10th and 90th percentiles of per-call milliseconds."""
+    """Median, 10th and 90th percentiles of per-call milliseconds, and the calls themselves."""
     ordered = sorted(values)
     return Timing(
         median_ms=statistics.median(ordered),
         p10_ms=ordered[len(ordered) // 10],
         p90_ms=ordered[min(len(ordered) - 1, (len(ordered) * 9) // 10)],
         runs=len(ordered),
+        samples_ms=tuple(values),
     )

@@ -25,6 +25,19 @@ class FxResult:
     graph_module: fx.GraphModule
     report: Report
 
+    def __repr__(self) -> str:
+        from fxmobile.report.summary import one_line
+
+        nodes = len(self.graph_module.graph.nodes)
+        return f"FxResult: graph_module with {nodes} nodes\n  report: {one_line(self.report)}"
+
+    def _repr_html_(self) -> str:
+        from fxmobile.report.html import report_html
+
+        nodes = len(self.graph_module.graph.nodes)
+        holds = [("graph_module", f"torch.fx.GraphModule, {nodes} nodes, runs like the model")]
+        return report_html(self.report, "FxResult", holds)
+
 
 @dataclass
 class MobileResult:
@@ -34,6 +47,23 @@ class MobileResult:
     report: Report
 
     target_runtime: str | None = None
+
+    def __repr__(self) -> str:
+        from fxmobile.report.summary import one_line
+
+        target = f" for torch {self.target_runtime}" if self.target_runtime else ""
+        module = f"ScriptModule {self.module.original_name}{target}"
+        return f"MobileResult: module {module}\n  report: {one_line(self.report)}"
+
+    def _repr_html_(self) -> str:
+        from fxmobile.report.html import report_html
+
+        target = f", for torch {self.target_runtime}" if self.target_runtime else ""
+        holds = [
+            ("module", f"ScriptModule {self.module.original_name}, optimized{target}"),
+            ("save(path)", "writes the lite-interpreter file an app loads"),
+        ]
+        return report_html(self.report, "MobileResult", holds)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write a lite-interpreter file (load it with ``_load_for_lite_interpreter``), in the
@@ -70,6 +100,25 @@ class ProgramResult:
     buffer: bytes
     report: Report
     runner: Callable[..., Any] = field(repr=False)
+
+    def __repr__(self) -> str:
+        from fxmobile.report.render import format_bytes
+        from fxmobile.report.summary import one_line
+
+        size = format_bytes(len(self.buffer))
+        return f"ProgramResult: program of {size}\n  report: {one_line(self.report)}"
+
+    def _repr_html_(self) -> str:
+        from fxmobile.report.html import report_html
+        from fxmobile.report.render import format_bytes
+
+        holds = [
+            ("program", "ExecuTorch's ExecutorchProgramManager, the lowered program"),
+            ("buffer", f"the .pte bytes, {format_bytes(len(self.buffer))}"),
+            ("save(path)", "writes the .pte file an app loads with ExecuTorch's runtime"),
+            ("run(*inputs)", "runs the program in ExecuTorch's runtime"),
+        ]
+        return report_html(self.report, "ProgramResult", holds)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the ``.pte`` file an app loads with ExecuTorch's runtime."""

@@ -1,7 +1,9 @@
 """The report's data: one record per pass, the numerical check, and notes.
 
 Everything here is plain data (dataclasses of numbers and strings); ``fxmobile.report.render``
-turns it into a table, Markdown or a JSON-ready dict. Nothing is parsed back out of text.
+turns it into a table or Markdown, ``html`` into a notebook's view, ``plot`` into a figure,
+``frame`` into pandas DataFrames, and ``to_dict`` into JSON-ready data. Nothing is parsed back
+out of text.
 """
 
 from __future__ import annotations
@@ -9,7 +11,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from fxmobile.timing import Timing
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+    from pandas import DataFrame
 
 
 class Stage(enum.Enum):
@@ -43,6 +51,9 @@ class PassRecord:
     param_bytes_before: int = 0
     param_bytes_after: int = 0
     seconds: float = 0.0
+    # A step that is not a pass (torch.export, ExecuTorch's lowering): it rewrites nothing and
+    # its graph holds no parameters to count, so the tables leave those cells blank.
+    step: bool = False
 
     @property
     def modified(self) -> bool:
@@ -61,6 +72,7 @@ class PassRecord:
             "param_bytes_before": self.param_bytes_before,
             "param_bytes_after": self.param_bytes_after,
             "seconds": self.seconds,
+            "step": self.step,
         }
 
 
@@ -184,6 +196,8 @@ class Report:
     program: ProgramFacts | None = None
     optimize_seconds: float | None = None  # the passes, scripting and freezing
     check_seconds: float | None = None  # eager's reference run and the optimized module's run
+    # per-call latency by candidate ("eager", "lite interpreter"...), when it was measured
+    latency: dict[str, Timing] | None = None
 
     @property
     def file(self) -> FileFacts | None:
@@ -249,6 +263,9 @@ class Report:
             "program": None if self.program is None else self.program.to_dict(),
             "optimize_seconds": self.optimize_seconds,
             "check_seconds": self.check_seconds,
+            "latency": None
+            if self.latency is None
+            else {name: t.to_dict() for name, t in self.latency.items()},
         }
 
     def to_markdown(self) -> str:
@@ -261,5 +278,32 @@ class Report:
 
         return render(self, "simple")
 
+    def __repr__(self) -> str:
+        from fxmobile.report.summary import one_line
+
+        return f"Report({one_line(self)})"
+
     def _repr_markdown_(self) -> str:
         return self.to_markdown()
+
+    def _repr_html_(self) -> str:
+        from fxmobile.report.html import report_html
+
+        return report_html(self)
+
+    def plot(self) -> Figure:
+        """A matplotlib figure: each pass's time, nodes and parameter bytes before and after,
+        and the latency distributions when the report holds latency (needs matplotlib)."""
+        from fxmobile.report.plot import plot
+
+        return plot(self)
+
+    def to_dataframe(
+        self, table: Literal["passes", "numerics", "latency", "portable_ops"] = "passes"
+    ) -> DataFrame:
+        """A pandas DataFrame (needs pandas): one row per pass record by default; ``table``
+        picks another: ``"numerics"`` (per output), ``"latency"`` (one row per timed call) or
+        ``"portable_ops"`` (the ExecuTorch program's ops outside the delegate)."""
+        from fxmobile.report.frame import to_dataframe
+
+        return to_dataframe(self, table)
