@@ -46,6 +46,12 @@ class MobileOptimizerType(enum.Enum):
     ELIMINATE_DEAD_CODE = "eliminate_dead_code"
     CHANNELS_LAST = "channels_last"
     INLINE_MODULES = "inline_modules"
+    # the ExecuTorch target's passes on the exported graph (fxmobile.executorch.passes)
+    DECOMPOSE_SDPA = "decompose_sdpa"
+    DECOMPOSE_LAYER_NORM = "decompose_layer_norm"
+    SLICE_SELECTIONS = "slice_selections"
+    RESHAPE_VIEWS = "reshape_views"
+    SCALARS_AS_CONSTANTS = "scalars_as_constants"
 
 
 UNKNOWN_BACKEND = "Unknown backend, must be one of 'CPU', 'Vulkan' or 'Metal'"

@@ -85,6 +85,8 @@ def test_the_report_times_export_and_lowering_after_the_fx_passes(
         (Stage.LOWER, "to_executorch"),
     ]
     assert report.record("fold_batchnorm").rewrites == 1
+    steps = [r.name for r in report.passes if r.step]
+    assert steps == ["torch.export", "to_edge_transform_and_lower", "to_executorch"]
     assert all(r.seconds > 0 for r in report.passes if r.stage in (Stage.EXPORT, Stage.LOWER))
     assert report.backend == "ExecuTorch (XNNPACK delegate)"
     assert "ExecuTorch program:" in str(report)

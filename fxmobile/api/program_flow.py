@@ -19,7 +19,7 @@ from fxmobile.api.fx_flow import Clock, Observe, fx_stage
 from fxmobile.capture.checks import deep_copy, eager_arguments
 from fxmobile.errors import CaptureError, RefusedError
 from fxmobile.executorch import require
-from fxmobile.executorch.export import aten_nodes, export_module, unlifted
+from fxmobile.executorch.export import aten_nodes, export_module, rewritable
 from fxmobile.executorch.lower import Lowered, lower
 from fxmobile.executorch.passes.pipeline import export_pipeline
 from fxmobile.executorch.passes.stage import ExportStage
@@ -111,8 +111,8 @@ def _export_passes(
     manager = PassManager(
         passes, ExportStage(inputs), FxContext(inputs), options.blocklist, observer=observer
     )
-    graph = unlifted(exported)
     with phase("ExecuTorch passes"):
+        graph = rewritable(exported)
         graph, records = manager.run(graph)
     report.passes.extend(records)
     if not any(r.rewrites for r in records):
@@ -154,6 +154,7 @@ def _step(name: str, before: int, after: int, seconds: float) -> PassRecord:
         nodes_before=before,
         nodes_after=after,
         seconds=seconds,
+        step=True,
     )
 
 

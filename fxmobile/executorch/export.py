@@ -45,11 +45,35 @@ def export_module(module: nn.Module, inputs: tuple[Any, ...], name: str) -> Expo
         ) from exc
 
 
+def functional(program: ExportedProgram) -> ExportedProgram:
+    """``program`` with no op writing in place (``run_decompositions`` with an empty table:
+    writes become their functional forms, ``relu_`` -> ``relu``, a write through a view ->
+    ``select_scatter``), and every op kept as export recorded it (``aten.layer_norm``, not its
+    decomposition), which is what the passes match."""
+    return program.run_decompositions({})
+
+
 def unlifted(program: ExportedProgram) -> fx.GraphModule:
     """The exported graph as a ``GraphModule`` of its own: parameters, buffers and constants
     read with ``get_attr``, inputs as placeholders."""
     module = program.module()
     assert isinstance(module, fx.GraphModule)
+    return module
+
+
+def rewritable(program: ExportedProgram) -> fx.GraphModule:
+    """The functional graph of ``program``, unlifted, for passes that may change strides.
+
+    Export records ``x.transpose(1, 2).reshape(...)`` as ``aten.view`` wherever the strides it
+    saw allow a view (attention's output has the strides that make its transpose contiguous). A
+    rewrite that computes the same values in another layout (attention as ``bmm``) would make
+    such a view fail, so every ``view`` becomes ``reshape``, which is a view when the strides
+    allow and a copy otherwise: in a functional graph nothing can tell the two apart."""
+    module = unlifted(functional(program))
+    for node in module.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.view.default:
+            node.target = torch.ops.aten.reshape.default
+    module.recompile()
     return module
 
 

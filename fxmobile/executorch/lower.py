@@ -6,9 +6,9 @@ partitioner leaves outside every delegate runs on a portable kernel, one dispatc
 per boundary on the phone; the report lists each with the reason. The reason is asked of the
 partitioner itself, after lowering: the config for the op's target checks the node again while
 ``reasons`` listens to the ``WhyNoPartition`` records XNNPACK's configs log (DEBUG, on their
-logger, kept from the caller's logging). No config for the target is ``NO_CONFIG``; a config
-that declines without saying why is named; one that accepts means the node was left out of
-every partition (``TAKEN_BUT_LEFT``).
+modules' loggers, kept from the caller's logging). No config for the target is ``NO_CONFIG``; a
+config that declines without saying why is named; one that accepts means the node was left out
+of every partition (``TAKEN_BUT_LEFT``).
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from torch.export import ExportedProgram
 from fxmobile.errors import LoweringError
 from fxmobile.report import PortableOp, ProgramFacts
 
-# The logger XNNPACK's partitioner configs report declined nodes to (executorch 1.5.1).
-_WHY_LOGGER = "executorch.backends.xnnpack.partition.config.xnnpack_config"
+# The parent of the loggers XNNPACK's partitioner config modules report declined nodes to, each
+# with its own WhyNoPartition (executorch 1.5.1).
+_WHY_LOGGER = "executorch.backends.xnnpack.partition.config"
 NO_CONFIG = "XNNPACK has no kernel for this operator (no partitioner config matches it)"
 TAKEN_BUT_LEFT = (
     "XNNPACK's config takes it, but no partition kept it (a partition of data movement alone is "

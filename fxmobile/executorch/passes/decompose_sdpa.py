@@ -1,0 +1,189 @@
+"""Scaled dot-product attention as batched matmuls and a softmax, masks as constants to add.
+
+    o = scaled_dot_product_attention(q, k, v, attn_mask, is_causal, scale)
+        q: [*B, L, E]   k: [*B, S, E]   v: [*B, S, Ev]   (the same batch dims B)
+
+    ->  q3 = reshape(q * s, [b, L, E])         s = scale, or 1/sqrt(E); b = prod(B)
+        k3 = permute(reshape(k, [b, S, E]), [0, 2, 1])
+        a  = bmm(q3, k3)                        [b, L, S]
+        a  = reshape(reshape(a, [*B, L, S]) + m, [b, L, S])   only with a mask
+        o  = reshape(bmm(softmax(a, -1), reshape(v, [b, S, Ev])), [*B, L, Ev])
+
+    m = attn_mask                                a float mask that is a constant
+      = where(attn_mask, 0, -inf)                a boolean one
+      = where(tril(ones(L, S)), 0, -inf)         is_causal
+
+ExecuTorch's own decomposition of attention scales ``q`` and ``k`` by ``sqrt(s)`` with
+``mul.Scalar``, batches the matmuls with ``expand``, guards fully masked rows with ``eq``,
+``logical_not``, ``any``, ``full_like`` and ``where``, and XNNPACK has a kernel for none of these:
+each attention leaves six kinds of op on portable kernels between two delegate calls. Here the
+scale is a constant of the query's dtype multiplied into ``q`` (L x E products, not L x S), and a
+mask that is known before the model runs becomes one constant added to the scores.
+
+Left alone, with the reason: dropout (``dropout_p`` is not 0), grouped-query attention, batch
+dims that differ between ``q``, ``k`` and ``v`` (they would broadcast), a dtype other than
+float32, a mask computed at run time, and a mask under which some query attends to nothing:
+eager's softmax is "safe" there (it returns zeros), a softmax over ``-inf`` alone is NaN, and
+XNNPACK has no op that tells them apart at run time. (Constant masks are what vision models
+have; fxmobile's constant folding makes one of a mask built from constants in ``forward``.)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import fx
+
+from fxmobile.executorch.passes.aten import aten, call, constant, dtype, numel, shape
+from fxmobile.infra import PassResult, Skips
+from fxmobile.options import MobileOptimizerType
+from fxmobile.passes.graph_utils import attr_of, replace_node
+from fxmobile.passes.stage import FxContext, FxPass
+
+_SIGNATURE = (
+    "query",
+    "key",
+    "value",
+    "attn_mask",
+    "dropout_p",
+    "is_causal",
+    "scale",
+    "enable_gqa",
+)
+
+
+@dataclass(frozen=True)
+class Attention:
+    """One ``scaled_dot_product_attention`` call, understood."""
+
+    node: fx.Node
+    q: fx.Node
+    k: fx.Node
+    v: fx.Node
+    batch: tuple[int, ...]
+    length: int  # L, queries
+    source: int  # S, keys
+    width: int  # E
+    value_width: int  # Ev
+    scale: float
+    mask: torch.Tensor | None  # the constant added to the scores
+
+
+def _arguments(node: fx.Node) -> dict[str, Any]:
+    bound = dict(zip(_SIGNATURE, node.args, strict=False))
+    bound.update(node.kwargs)
+    return bound
+
+
+def can_decompose(gm: fx.GraphModule, node: fx.Node) -> Attention | str | None:
+    """The attention ``node`` computes, a reason it must stay, or None when it is none."""
+    if node.op != "call_function" or node.target is not aten.scaled_dot_product_attention.default:
+        return None
+    args = _arguments(node)
+    q, k, v = args["query"], args["key"], args["value"]
+    if float(args.get("dropout_p") or 0.0) != 0.0:
+        return "dropout_p is not 0"
+    if args.get("enable_gqa"):
+        return "grouped-query attention"
+    shapes = [shape(x) for x in (q, k, v)]
+    if any(s is None for s in shapes):
+        return "input shape unknown (pass example_inputs)"
+    qs, ks, vs = shapes
+    assert qs is not None and ks is not None and vs is not None
+    if any(dtype(x) is not torch.float32 for x in (q, k, v)):
+        return "not float32: the XNNPACK delegate computes float32"
+    if not (qs[:-2] == ks[:-2] == vs[:-2]) or ks[-2] != vs[-2] or qs[-1] != ks[-1]:
+        return "q, k and v batch dims differ (they broadcast)"
+    length, source = qs[-2], ks[-2]
+    mask = _mask(gm, args.get("attn_mask"), bool(args.get("is_causal")), length, source)
+    if isinstance(mask, str):
+        return mask
+    scale = args.get("scale")
+    return Attention(
+        node=node,
+        q=q,
+        k=k,
+        v=v,
+        batch=qs[:-2],
+        length=length,
+        source=source,
+        width=qs[-1],
+        value_width=vs[-1],
+        scale=float(scale) if scale is not None else 1.0 / math.sqrt(qs[-1]),
+        mask=mask,
+    )
+
+
+def _mask(
+    gm: fx.GraphModule, mask: Any, causal: bool, length: int, source: int
+) -> torch.Tensor | str | None:
+    """The constant to add to the scores, None for no mask, or a reason to stay.
+
+    Eager's attention returns zeros for a query whose every key is masked (its softmax is
+    "safe"); a softmax over ``-inf`` alone is NaN, and XNNPACK has no op to tell the two apart
+    at run time. So only a mask known before the model runs is taken, once it is seen to leave
+    every query a key."""
+    if causal:
+        if mask is not None:
+            return "both attn_mask and is_causal"  # torch refuses it too
+        return _additive(torch.ones(length, source, dtype=torch.bool).tril())
+    if mask is None:
+        return None
+    if not isinstance(mask, fx.Node) or mask.op != "get_attr":
+        return "attn_mask computed at run time (it may mask a whole row, where eager gives zeros)"
+    value = attr_of(gm, mask)
+    if value.dtype is torch.bool:
+        value = _additive(value)
+    elif value.dtype is not torch.float32:
+        return f"{value.dtype} attn_mask"
+    if bool(value.isneginf().all(-1).any()):
+        return "a query attends to nothing under attn_mask"
+    return value
+
+
+def _additive(keep: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(keep.shape, dtype=torch.float32).masked_fill(~keep, float("-inf"))
+
+
+def decompose(gm: fx.GraphModule, match: Attention) -> fx.Node:
+    """Insert the decomposition before ``match.node``; its output."""
+    graph = gm.graph
+    b = numel(match.batch)
+    length, source, width = match.length, match.source, match.width
+    with graph.inserting_before(match.node):
+        scale = constant(gm, "attention_scale", torch.tensor([match.scale], dtype=torch.float32))
+        scaled = call(graph, aten.mul.Tensor, match.q, scale)
+        q = call(graph, aten.reshape.default, scaled, [b, length, width])
+        k = call(graph, aten.reshape.default, match.k, [b, source, width])
+        scores = call(graph, aten.bmm.default, q, call(graph, aten.permute.default, k, [0, 2, 1]))
+        if match.mask is not None:
+            mask = constant(gm, "attention_mask", match.mask)
+            full = call(graph, aten.reshape.default, scores, [*match.batch, length, source])
+            masked = call(graph, aten.add.Tensor, full, mask)
+            scores = call(graph, aten.reshape.default, masked, [b, length, source])
+        weights = call(graph, aten._softmax.default, scores, -1, False)
+        v = call(graph, aten.reshape.default, match.v, [b, source, match.value_width])
+        out = call(graph, aten.bmm.default, weights, v)
+        return call(graph, aten.reshape.default, out, [*match.batch, length, match.value_width])
+
+
+class DecomposeSdpa(FxPass):
+    """Write each float32 attention as ``bmm``, ``softmax`` and constants XNNPACK takes."""
+
+    optimization = MobileOptimizerType.DECOMPOSE_SDPA
+    summary: ClassVar[str] = "scaled_dot_product_attention -> bmm(softmax(bmm(q·s, kᵀ) + m), v)"
+    needs_shapes: ClassVar[bool] = True
+
+    def call(self, gm: fx.GraphModule, ctx: FxContext) -> PassResult[fx.GraphModule]:
+        rewrites, skips = 0, Skips()
+        for node in list(gm.graph.nodes):
+            match = can_decompose(gm, node)
+            if isinstance(match, str):
+                skips.add(match)
+            elif match is not None:
+                replace_node(node, decompose(gm, match))
+                rewrites += 1
+        return PassResult(gm, rewrites, dict(skips))

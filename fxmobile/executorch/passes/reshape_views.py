@@ -1,0 +1,82 @@
+"""Views that only change the shape, as the one reshape XNNPACK takes.
+
+    squeeze(x, dims)       -> reshape(x, out.shape)
+    unsqueeze(x, d)        -> reshape(x, out.shape)      (d before the last dim)
+    flatten(x, a, b)       -> reshape(x, out.shape)
+    unflatten(x, d, sizes) -> reshape(x, out.shape)
+    expand(x, sizes)       -> reshape(x, out.shape)      (sizes that add no element: a no-op)
+
+Each keeps the elements in order and changes only the sizes, so a reshape to the output's
+static shape computes the same tensor (the graph is functional: nobody writes through the view).
+ExecuTorch's XNNPACK partitioner takes ``view_copy``, but has no config for ``squeeze_copy``
+(timm's attention unbinds q, k and v, which leaves three squeezes per block) and takes
+``unsqueeze_copy`` only on the trailing dim; each one it declines cuts the delegate in two.
+
+Left alone, with the reason: an output whose shape is unknown or symbolic.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from torch import fx
+
+from fxmobile.executorch.passes.aten import aten, call, numel, shape
+from fxmobile.infra import PassResult, Skips
+from fxmobile.options import MobileOptimizerType
+from fxmobile.passes.graph_utils import replace_node
+from fxmobile.passes.stage import FxContext, FxPass
+
+SHAPE_ONLY = frozenset(
+    {
+        aten.squeeze.default,
+        aten.squeeze.dim,
+        aten.squeeze.dims,
+        aten.unsqueeze.default,
+        aten.flatten.using_ints,
+        aten.unflatten.int,
+    }
+)
+
+
+def can_reshape(node: fx.Node) -> tuple[int, ...] | str | None:
+    """The output shape to reshape to, a reason to stay, or None when ``node`` is no such view."""
+    if node.op != "call_function":
+        return None
+    if node.target is aten.unsqueeze.default:
+        source = shape(node.args[0])
+        dim = int(node.args[1])  # type: ignore[call-overload]
+        if source is not None and dim in (-1, len(source)):
+            return None  # XNNPACK takes a trailing unsqueeze as it is
+    elif node.target is aten.expand.default:
+        source, out = shape(node.args[0]), shape(node)
+        if source is None or out is None or numel(source) != numel(out):
+            return None  # a real broadcast: remove_expand's
+    elif node.target not in SHAPE_ONLY:
+        return None
+    out = shape(node)
+    if out is None:
+        return "output shape unknown or symbolic (pass example_inputs)"
+    return out
+
+
+class ReshapeViews(FxPass):
+    """Write squeezes, unsqueezes, flattens and no-op expands as reshapes."""
+
+    optimization = MobileOptimizerType.RESHAPE_VIEWS
+    summary: ClassVar[str] = "squeeze, unsqueeze, flatten, unflatten, no-op expand -> reshape"
+    needs_shapes: ClassVar[bool] = True
+
+    def call(self, gm: fx.GraphModule, ctx: FxContext) -> PassResult[fx.GraphModule]:
+        rewrites, skips = 0, Skips()
+        for node in list(gm.graph.nodes):
+            found = can_reshape(node)
+            if isinstance(found, str):
+                skips.add(found)
+            elif found is not None:
+                with gm.graph.inserting_before(node):
+                    reshaped = call(gm.graph, aten.reshape.default, node.args[0], list(found))
+                reshaped.meta.update(node.meta)
+                replace_node(node, reshaped)
+                rewrites += 1
+        return PassResult(gm, rewrites, dict(skips))

@@ -1,0 +1,106 @@
+"""``decompose_sdpa``: attention as ``bmm`` and ``softmax``, constant masks added to the scores."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fxmobile.executorch.passes.decompose_sdpa import DecomposeSdpa
+from tests.export_helpers import aten, count, exported, program_of, run_pass
+from tests.helpers import assert_equivalent
+
+pytest.importorskip("executorch", reason="the ExecuTorch extra is not installed")
+
+
+class Attention(nn.Module):
+    def __init__(self, mask: torch.Tensor | None = None, **options: Any) -> None:
+        super().__init__()
+        self.options = options
+        if mask is not None:
+            self.register_buffer("mask", mask)
+        else:
+            self.mask = None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, **self.options)
+
+
+class MaskedAtRunTime(nn.Module):
+    def forward(self, q: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+
+
+def qkv(*shape: int, source: int | None = None) -> tuple[torch.Tensor, ...]:
+    torch.manual_seed(0)
+    *batch, length, width = shape
+    keys = (*batch, source or length, width)
+    return torch.randn(shape), torch.randn(keys), torch.randn(keys)
+
+
+def causal_bool(length: int, source: int) -> torch.Tensor:
+    return torch.ones(length, source, dtype=torch.bool).tril()
+
+
+@pytest.mark.parametrize(
+    ("model", "inputs"),
+    [
+        (Attention(), qkv(2, 3, 5, 8)),
+        (Attention(), qkv(4, 5, 8, source=7)),  # 3-D, more keys than queries
+        (Attention(scale=0.3), qkv(1, 2, 6, 4)),
+        (Attention(is_causal=True), qkv(1, 2, 6, 4)),
+        (Attention(mask=causal_bool(6, 6)), qkv(1, 2, 6, 4)),
+        (Attention(mask=torch.randn(2, 1, 6, 6)), qkv(2, 3, 6, 4)),  # float, broadcast heads
+    ],
+    ids=["plain", "three-d", "scale", "causal", "bool-mask", "float-mask"],
+)
+def test_attention_becomes_two_bmms_and_a_softmax_and_matches_float64(
+    model: nn.Module, inputs: tuple[torch.Tensor, ...]
+) -> None:
+    gm, record = run_pass(DecomposeSdpa(), exported(model, *inputs), *inputs)
+    assert record.rewrites == 1
+    assert count(gm, aten.scaled_dot_product_attention.default) == 0
+    assert count(gm, aten.bmm.default) == 2
+    assert count(gm, aten._softmax.default) == 1
+    assert_equivalent(model, gm, *inputs)
+
+
+def test_own_flow_leaves_six_kinds_of_op_outside_and_this_leaves_none() -> None:
+    model, inputs = Attention(), qkv(1, 2, 6, 4)
+    before = program_of(exported(model, *inputs), *inputs)
+    assert {"aten.mul.Scalar", "aten.where.self", "aten.any.dim"} <= {
+        p.op for p in before.portable_ops
+    }
+    gm, _ = run_pass(DecomposeSdpa(), exported(model, *inputs), *inputs)
+    after = program_of(gm, *inputs)
+    assert (after.delegate_calls, after.portable_ops) == (1, ())
+
+
+@pytest.mark.parametrize(
+    ("model", "inputs", "reason"),
+    [
+        (MaskedAtRunTime(), (qkv(1, 2, 4, 4)[0], torch.zeros(4, 4)), "computed at run time"),
+        (
+            Attention(mask=torch.ones(4, 4, dtype=torch.bool).triu(1)),  # row 3 sees no key
+            qkv(1, 2, 4, 4),
+            "a query attends to nothing under attn_mask",
+        ),
+        (Attention(dropout_p=0.5), qkv(1, 2, 4, 4), "dropout_p is not 0"),
+        (
+            Attention(enable_gqa=True),
+            (torch.randn(1, 4, 3, 8), torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)),
+            "grouped-query attention",
+        ),
+    ],
+    ids=["run-time-mask", "fully-masked-row", "dropout", "gqa"],
+)
+def test_what_it_cannot_prove_is_left_alone_with_the_reason(
+    model: nn.Module, inputs: tuple[torch.Tensor, ...], reason: str
+) -> None:
+    gm, record = run_pass(DecomposeSdpa(), exported(model, *inputs), *inputs)
+    assert record.rewrites == 0
+    assert any(reason in why for why in record.skips), record.skips
+    assert count(gm, aten.scaled_dot_product_attention.default) == 1

@@ -1,0 +1,67 @@
+"""``reshape_views``: squeeze, unsqueeze, flatten, unflatten and no-op expands as reshapes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+from fxmobile.executorch.passes.reshape_views import ReshapeViews
+from tests.export_helpers import aten, count, exported, program_of, run_pass
+from tests.helpers import assert_equivalent
+
+pytest.importorskip("executorch", reason="the ExecuTorch extra is not installed")
+
+
+class Apply(nn.Module):
+    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)
+
+
+CASES = {
+    "squeeze-dim": (lambda x: x[:, :1].squeeze(1) * x[:, 0], aten.squeeze.dim),
+    "squeeze-dims": (lambda x: x[:1, :1].squeeze((0, 1)) * x[0, 0], aten.squeeze.dims),
+    "squeeze-all": (lambda x: x[:1, :1].squeeze() * x[0, 0], aten.squeeze.default),
+    "unsqueeze-inner": (lambda x: x.unsqueeze(1) * x.unsqueeze(1), aten.unsqueeze.default),
+    "noop-expand": (lambda x: x.expand(3, -1, -1) * x, aten.expand.default),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_shape_only_view_becomes_a_reshape(case: str) -> None:
+    fn, target = CASES[case]
+    torch.manual_seed(0)
+    model, x = Apply(fn).eval(), torch.randn(3, 4, 8)
+    gm = exported(model, x)
+    assert count(gm, target) >= 1
+    gm, record = run_pass(ReshapeViews(), gm, x)
+    assert record.rewrites >= 1
+    assert count(gm, target) == 0
+    assert_equivalent(model, gm, x)
+
+
+def test_a_trailing_unsqueeze_and_a_real_broadcast_stay() -> None:
+    model = Apply(lambda x: x.unsqueeze(-1).expand(-1, -1, 3) * 2).eval()
+    x = torch.randn(2, 5)
+    gm, record = run_pass(ReshapeViews(), exported(model, x), x)
+    assert record.rewrites == 0
+    assert count(gm, aten.unsqueeze.default) == 1
+    assert count(gm, aten.expand.default) == 1
+
+
+def test_an_inner_unsqueeze_no_longer_cuts_the_delegate() -> None:
+    model, x = (
+        Apply(lambda x: torch.relu(x).unsqueeze(1) * x.unsqueeze(1)).eval(),
+        torch.randn(2, 5),
+    )
+    before = program_of(exported(model, x), x)
+    assert {p.op for p in before.portable_ops} == {"aten.unsqueeze_copy"}
+    gm, _ = run_pass(ReshapeViews(), exported(model, x), x)
+    after = program_of(gm, x)
+    assert (after.delegate_calls, after.portable_ops) == (1, ())

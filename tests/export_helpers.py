@@ -1,0 +1,47 @@
+"""What the tests of the export stage's passes share: a model's exported graph as the passes
+see it, one pass run through the stage's manager, op counts, and the program it lowers to."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from fxmobile.executorch.export import export_module, rewritable
+from fxmobile.executorch.lower import lower
+from fxmobile.executorch.passes.stage import ExportStage
+from fxmobile.infra import PassManager
+from fxmobile.passes.stage import FxContext, FxPass
+from fxmobile.report import PassRecord, ProgramFacts
+
+aten = torch.ops.aten
+
+
+def exported(model: nn.Module, *inputs: Any) -> fx.GraphModule:
+    """``model``'s exported graph, functional and unlifted, as the export stage rewrites it."""
+    return rewritable(export_module(model.eval(), inputs, type(model).__name__))
+
+
+def run_pass(p: FxPass, gm: fx.GraphModule, *inputs: Any) -> tuple[fx.GraphModule, PassRecord]:
+    """``p`` through the export stage's manager (shapes from ``inputs``); the unit, its record."""
+    unit, records = PassManager([p], ExportStage(inputs), FxContext(inputs)).run(gm)
+    return unit, records[0]
+
+
+def count(gm: fx.GraphModule, target: Any) -> int:
+    """``call_function`` nodes of ``target``."""
+    return sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target is target)
+
+
+def program_of(gm: fx.GraphModule, *inputs: Any) -> ProgramFacts:
+    """What ExecuTorch's XNNPACK lowering makes of ``gm``: delegates and portable ops."""
+    return lower(export_module(gm, inputs, "rewritten"), "rewritten").facts
+
+
+def assert_same_nonfinite(expected: torch.Tensor, got: torch.Tensor) -> None:
+    """NaN where eager has NaN, and the same infinities: a rewrite must keep what eager does
+    with a NaN or an infinity in its input."""
+    assert torch.equal(expected.isnan(), got.isnan()), "NaN positions differ"
+    assert torch.equal(expected.isposinf(), got.isposinf()), "+inf positions differ"
+    assert torch.equal(expected.isneginf(), got.isneginf()), "-inf positions differ"
