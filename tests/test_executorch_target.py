@@ -16,7 +16,7 @@ import fxmobile
 from fxmobile.api import fx_flow
 from fxmobile.errors import CaptureError, ExportError, MissingDependencyError
 from fxmobile.executorch.lower import NO_CONFIG
-from fxmobile.executorch.runtime import ProgramRunner
+from fxmobile.executorch.runtime import ProgramRunner, set_threads
 from fxmobile.report import Stage
 from tests.helpers import assert_equivalent, randomize_batchnorm
 
@@ -72,6 +72,20 @@ def test_the_saved_program_loads_in_executorchs_runtime_and_runs_as_the_result(
     loaded = ProgramRunner(str(path))
     assert loaded.input_specs() == [((2, 3, 16, 16), torch.float32)]
     assert torch.equal(loaded(x), result.run(x))
+
+
+def test_a_program_keeps_running_after_the_xnnpack_pool_is_resized(
+    lowered_small_net: tuple[nn.Module, torch.Tensor, fxmobile.ProgramResult],
+) -> None:
+    # A method keeps a pointer to the pool it was loaded with: resizing the pool freed it, and
+    # a later call ran on freed memory (the benchmark segfaulted in libexecutorch_threadpool.so;
+    # a use after free does not crash every time, so this checks the results).
+    _, x, result = lowered_small_net
+    before = result.run(x)
+    assert set_threads(1) == 1
+    assert torch.equal(result.run(x), before)
+    assert set_threads(2) == 2
+    assert torch.equal(result.run(x), before)
 
 
 def test_the_report_times_export_and_lowering_after_the_fx_passes(

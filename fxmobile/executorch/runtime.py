@@ -3,12 +3,17 @@
 A method takes the flat list of the exported model's inputs and returns a flat list of
 outputs; ``ProgramRunner`` takes the model's own inputs and returns its own output structure
 when it knows it (the exported program's output spec), so the gate compares it with eager as
-it compares any other module. The XNNPACK delegate runs on a thread pool of its own, which
-``threads`` sizes (it is process-wide: the last runner to set it wins).
+it compares any other module.
+
+The XNNPACK delegate runs on one thread pool per process, which ``set_threads`` replaces. A
+method loaded before keeps a pointer to the pool it was loaded with, and ran on freed memory
+after a replacement (a segfault in ``libexecutorch_threadpool.so``), so ``set_threads`` first
+releases the methods of every live runner, which load theirs again on their next call.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -16,11 +21,15 @@ from torch.utils import _pytree as pytree
 
 from fxmobile.errors import InvalidValueError, LoweringError
 
+_RUNNERS: weakref.WeakSet[ProgramRunner] = weakref.WeakSet()
+
 
 def set_threads(threads: int) -> int:
-    """Size the XNNPACK delegate's thread pool; the size it took."""
+    """Size the XNNPACK delegate's thread pool (process-wide); the size it took."""
     from executorch.extension.pybindings import portable_lib
 
+    for runner in list(_RUNNERS):
+        runner._release()
     portable_lib._unsafe_reset_threadpool(threads)
     return int(portable_lib._threadpool_get_thread_count())
 
@@ -47,13 +56,22 @@ class ProgramRunner:
                 f"the program has no method {method!r}; it has {sorted(loaded.method_names)}"
             )
         self.method_name = method
-        self.program = loaded
-        self.method = loaded.load_method(method)
+        self.source = program
+        self.program: Any = loaded
+        self.method: Any = loaded.load_method(method)
         self.out_spec = out_spec
+        _RUNNERS.add(self)
+
+    def _release(self) -> None:
+        """Drop the loaded program and method (``set_threads`` is about to free their pool)."""
+        self.program = self.method = None
 
     def input_specs(self) -> list[tuple[tuple[int, ...], torch.dtype]]:
         """(shape, dtype) of each tensor input the method takes, from the program."""
-        meta = self.program.metadata(self.method_name)
+        from executorch.runtime import Runtime
+
+        program = self.program or Runtime.get().load_program(self.source)
+        meta = program.metadata(self.method_name)
         specs = []
         for i in range(meta.num_inputs()):
             info = meta.input_tensor_meta(i)
@@ -63,6 +81,11 @@ class ProgramRunner:
     def __call__(self, *inputs: Any) -> Any:
         """Run the method on ``inputs`` (the model's own arguments)."""
         flat = [x.contiguous() if isinstance(x, torch.Tensor) else x for x in _leaves(inputs)]
+        if self.method is None:  # released by set_threads: load again, on the new pool
+            from executorch.runtime import Runtime
+
+            self.program = Runtime.get().load_program(self.source)
+            self.method = self.program.load_method(self.method_name)
         try:
             outputs = list(self.method.execute(flat))
         except Exception as exc:

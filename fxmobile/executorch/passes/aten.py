@@ -49,6 +49,12 @@ def dtype(node: Any) -> torch.dtype | None:
     return None if found is None else found.dtype
 
 
+def integer(value: Any) -> int:
+    """An int argument of an op (a dim, an index, a size): FX types arguments as any node
+    argument, which ``int()`` alone does not accept."""
+    return int(value)
+
+
 def numel(sizes: Sequence[int]) -> int:
     """Elements of a tensor of ``sizes``."""
     return math.prod(sizes)

@@ -21,7 +21,7 @@ from typing import ClassVar
 
 from torch import fx
 
-from fxmobile.executorch.passes.aten import aten, call, numel, shape
+from fxmobile.executorch.passes.aten import aten, call, integer, numel, shape
 from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.graph_utils import replace_node
@@ -45,7 +45,7 @@ def can_reshape(node: fx.Node) -> tuple[int, ...] | str | None:
         return None
     if node.target is aten.unsqueeze.default:
         source = shape(node.args[0])
-        dim = int(node.args[1])  # type: ignore[call-overload]
+        dim = integer(node.args[1])
         if source is not None and dim in (-1, len(source)):
             return None  # XNNPACK takes a trailing unsqueeze as it is
     elif node.target is aten.expand.default:

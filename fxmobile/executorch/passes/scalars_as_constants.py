@@ -18,7 +18,7 @@ dtype other than float32, and a tensor whose dtype is unknown.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import fx
@@ -41,6 +41,11 @@ SCALAR_FORMS = {
 
 def _number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def number(value: Any) -> float:
+    """A number argument, as the float its constant holds."""
+    return float(value)
 
 
 def can_rewrite(node: fx.Node) -> str | bool:
@@ -78,12 +83,13 @@ def rewrite(gm: fx.GraphModule, node: fx.Node) -> fx.Node:
             clamped = call(graph, aten.hardtanh.default, shifted, 0.0, 6.0)
             return call(graph, aten.div.Tensor, clamped, scalar(gm, "six", 6.0, f32))
         a, b = node.args[0], node.args[1]
-        if node.target is aten.rsub.Scalar:  # rsub(x, c) = c - x
-            return call(graph, aten.sub.Tensor, scalar(gm, "scalar", float(b), f32), a)  # type: ignore[arg-type]
-        op = SCALAR_FORMS.get(node.target, node.target)  # type: ignore[arg-type]
+        target: Any = node.target
+        if target is aten.rsub.Scalar:  # rsub(x, c) = c - x
+            return call(graph, aten.sub.Tensor, scalar(gm, "scalar", number(b), f32), a)
+        op = SCALAR_FORMS.get(target, target)
         if _number(a):
-            return call(graph, op, scalar(gm, "scalar", float(a), f32), b)  # type: ignore[arg-type]
-        return call(graph, op, a, scalar(gm, "scalar", float(b), f32))  # type: ignore[arg-type]
+            return call(graph, op, scalar(gm, "scalar", number(a), f32), b)
+        return call(graph, op, a, scalar(gm, "scalar", number(b), f32))
 
 
 class ScalarsAsConstants(FxPass):

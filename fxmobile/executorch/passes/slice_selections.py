@@ -21,7 +21,7 @@ from typing import ClassVar
 
 from torch import fx
 
-from fxmobile.executorch.passes.aten import aten, call, shape
+from fxmobile.executorch.passes.aten import aten, call, integer, shape
 from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.graph_utils import replace_node
@@ -31,7 +31,7 @@ SPLITS = frozenset({aten.split.Tensor, aten.split_with_sizes.default, aten.chunk
 
 
 def _dim(value: object, rank: int) -> int:
-    dim = int(value)  # type: ignore[call-overload]
+    dim = integer(value)
     return dim + rank if dim < 0 else dim
 
 
@@ -49,7 +49,7 @@ def parts(node: fx.Node) -> list[tuple[int, int, int, bool]] | str | None:
     rank = len(sizes)
     if target is aten.select.int:
         dim = _dim(node.args[1], rank)
-        index = int(node.args[2])  # type: ignore[call-overload]
+        index = integer(node.args[2])
         index = index + sizes[dim] if index < 0 else index
         return [(dim, index, index + 1, True)]
     if any(u.op != "call_function" or u.target is not operator.getitem for u in node.users):
@@ -67,12 +67,12 @@ def _lengths(node: fx.Node, size: int) -> list[int]:
     """The sizes of a split's parts along its dim, as torch computes them."""
     arg = node.args[1]
     if node.target is aten.split_with_sizes.default:
-        return [int(n) for n in arg]  # type: ignore[union-attr]
+        return [integer(n) for n in arg]  # type: ignore[union-attr]
     if node.target is aten.chunk.default:
-        chunks = int(arg)  # type: ignore[call-overload]
+        chunks = integer(arg)
         step = -(-size // chunks)  # ceil: torch.chunk's part size
     else:
-        step = int(arg)  # type: ignore[call-overload]
+        step = integer(arg)
     return [min(step, size - start) for start in range(0, size, step)]
 
 
@@ -113,7 +113,7 @@ class SliceSelections(FxPass):
                 skips.add("output shape unknown or symbolic (pass example_inputs)")
                 continue
             for part_node, out in zip(selected, outs, strict=True):
-                index = 0 if part_node is node else int(part_node.args[1])  # type: ignore[call-overload]
+                index = 0 if part_node is node else integer(part_node.args[1])
                 assert out is not None
                 replace_node(part_node, _slice(gm, part_node, node.args[0], found[index], out))
             if selected != [node]:  # an unbind or split, its parts rerouted
