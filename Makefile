@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fxmobile-installed
 CSRC := $(shell find fxmobile -name '*.cpp' -o -name '*.h' 2>/dev/null)
 
-.PHONY: demo test test-slow zoo zoo-quick fuzz-long install clean runtimes peers mutants
+.PHONY: demo test test-slow docs zoo zoo-quick fuzz-long install clean runtimes peers mutants
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -25,11 +25,18 @@ demo: $(STAMP)
 	$(VENV)/bin/fxmobile optimize torchvision:mobilenet_v2 -o build/mobilenet_v2.ptl --latency
 
 # The runtime tests (tests/test_runtime_*.py) run against .runtimes/ when `make runtimes` has
-# installed it, and are skipped otherwise; pytest's header and summary say which.
+# installed it, and are skipped otherwise; pytest's header and summary say which. pytest runs
+# every code block of the README and docs/pages too (tests/test_docs.py).
 test: $(STAMP)
 	$(PY) -m ruff check fxmobile tests model_zoo_checks benchmarks
 	$(PY) -m mypy
+	$(MAKE) docs
 	$(PY) -m pytest
+
+# The documentation site (docs/mkdocs.yml: the pages in docs/pages, the API reference from the
+# docstrings) into build/docs; --strict fails on a broken link, anchor or page left out of the nav.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -f docs/mkdocs.yml
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow
@@ -38,7 +45,7 @@ clean:
 	rm -rf build *.egg-info $(VENV)
 	find fxmobile -name '*.so' -delete
 
-# The reference runtimes (README, "Reference runtimes"): one venv per real torch release under
+# The reference runtimes (docs/pages/runtimes.md): one venv per real torch release under
 # .runtimes/ (torch-1.13.1, torch-2.12.1), pinned in fxmobile/runtime/install.py, which this runs
 # by path with $(PYTHON) (3.10 or 3.11: torch 1.13.1 has no wheel for later Pythons). A finished
 # venv has a stamp, so a second run does nothing; `make clean` leaves them (gigabytes).
@@ -46,8 +53,9 @@ clean:
 runtimes:
 	$(PYTHON) fxmobile/runtime/install.py $(RUNTIMES_FLAGS) .runtimes
 
-# The benchmark's peers in venvs of their own under .runtimes/ (README, "Performance"): ExecuTorch
-# 1.5.1 with its XNNPACK delegate, which pins its own torch. Idempotent like `make runtimes`.
+# The benchmark's peers in venvs of their own under .runtimes/ (docs/pages/performance.md):
+# ExecuTorch 1.5.1 with its XNNPACK delegate, which pins its own torch. Idempotent like
+# `make runtimes`.
 peers:
 	$(PYTHON) fxmobile/runtime/install.py --peers .runtimes
 
@@ -66,7 +74,7 @@ zoo: $(STAMP)
 zoo-quick: $(STAMP)
 	$(PY) -m model_zoo_checks --quick $(ZOO_ARGS)
 
-# Mutation testing of the passes (README, "How it is checked"): mutmut, configured in
+# Mutation testing of the passes (docs/pages/checking.md): mutmut, configured in
 # pyproject.toml's [tool.mutmut], plants one small change at a time in fxmobile/passes,
 # fxmobile/script and the backends' passes, and runs the tests that called the changed function.
 # One worker (the machine is shared). Results accumulate in mutants/: a second run retests only

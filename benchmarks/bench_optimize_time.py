@@ -16,7 +16,8 @@ more ``fxmobile.optimize`` under cProfile and lists the top cumulative entries.
 TorchScript caches what it compiled per module type, so the warm-up run makes later scripting
 of the same model cheaper; ``--cold`` also times each candidate's first call in fresh processes.
 
-Run from the repository root: ``python benchmarks/bench_optimize_time.py [--model resnet50]``.
+Run from the repository root: ``python benchmarks/bench_optimize_time.py [--model resnet50]``;
+``--write-docs`` also writes the medians into the performance page (``benchmarks/figures.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,9 +46,16 @@ import torchvision
 from tabulate import tabulate
 from torch import nn
 
+# run by path (python benchmarks/...), the repository root is not on sys.path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import fxmobile
+from benchmarks import figures
 from fxmobile.timing import interleaved_medians
 from fxmobile.verify import randomize_batchnorm_statistics
+
+# The block of docs/pages/performance.md that --write-docs fills.
+FIGURES = "optimize-time"
 
 INPUT_SHAPE = (1, 3, 224, 224)
 # fxmobile.optimize without example_inputs: no numerical checks and no passes that need shapes,
@@ -263,12 +272,14 @@ def main() -> None:
         "--profile", type=int, default=0, metavar="N", help="cProfile one run, list N entries"
     )
     parser.add_argument("--child", choices=["script+freeze", "fxmobile"], help=argparse.SUPPRESS)
+    figures.add_argument(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.child:
         child(args.model, args.child)
         return
 
+    load_before, _ = figures.load()
     model = build_model(args.model)
     x = torch.randn(INPUT_SHAPE)
     medians, unchecked, median_run = measure(copy.deepcopy(model), x, args.reps)
@@ -298,6 +309,28 @@ def main() -> None:
             f"fxmobile {co:.2f} s, ratio {co / cb:.2f}x; without its check runs {cu:.2f} s, "
             f"ratio {cu / cb:.2f}x"
         )
+    if args.write_docs:
+        rows: list[list[object]] = [
+            [f"{args.model}, warm: {name}", seconds, seconds / base]
+            for name, seconds in [
+                *medians.items(),
+                ("fxmobile.optimize without its check runs", unchecked),
+            ]
+        ]
+        if args.cold:
+            rows += [
+                [f"{args.model}, fresh process: script+freeze", cb, 1.0],
+                [f"{args.model}, fresh process: fxmobile.optimize", co, co / cb],
+                [f"{args.model}, fresh process: without its check runs", cu, cu / cb],
+            ]
+        run = figures.finish(
+            runtime=f"torch {torch.__version__}",
+            kernels="ATen and fxmobile._C (the check runs)",
+            threads=args.threads,
+            load_before=load_before,
+        )
+        table = figures.markdown_table(["candidate", "median s", "x script+freeze"], rows, ".2f")
+        figures.write(FIGURES, table, run)
     print("\nWhere fxmobile's time goes, in its median repetition:")
     print(breakdown_table(median_run))
     print()

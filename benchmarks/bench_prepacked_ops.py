@@ -17,7 +17,9 @@ aten), and per model the sum over all its convolutions and linears as the model 
 ``--paths`` also times every path each kernel can take (forced with
 ``fxmobile::force_kernel_path``), the figures behind the kernels' choice of path.
 
-Run: ``python benchmarks/bench_prepacked_ops.py [--rounds N] [--models ...] [--paths]``.
+Run: ``python benchmarks/bench_prepacked_ops.py [--rounds N] [--models ...] [--paths]``;
+``--write-docs`` also writes the per-model sums into the performance page
+(``benchmarks/figures.py``).
 """
 
 from __future__ import annotations
@@ -26,12 +28,17 @@ import argparse
 import os
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
-# OpenMP's spin-waiting makes 2-thread timings on a shared machine swing 2-10x (see README).
+# OpenMP's spin-waiting makes 2-thread timings on a shared machine swing 2-10x (see the docs'
+# performance page).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# run by path (python benchmarks/...), the repository root is not on sys.path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +46,7 @@ import torchvision
 from tabulate import tabulate
 from torch import fx, nn
 
+from benchmarks import figures
 from fxmobile.backends.library import OpFamily, ensure_registered
 
 Clamp = tuple[float | None, float | None]
@@ -46,6 +54,8 @@ LAYOUTS = ("nchw", "channels_last")
 CONV_PATHS: tuple[str, ...] = ("aten", "onednn", "onednn_nchw", "gemm", "depthwise")
 LINEAR_PATHS = ("aten", "gemm")
 DEFAULT_MODELS = ["mobilenet_v2", "resnet18", "resnext50_32x4d", "resnext101_32x8d"]
+# The block of docs/pages/performance.md that --write-docs fills.
+FIGURES = "prepacked-ops"
 
 
 @dataclass(frozen=True)
@@ -311,6 +321,37 @@ def _ratio(run: float | None, eager: float | None) -> float | None:
     return None if run is None or eager is None else run / eager
 
 
+def model_sums(cases: list[Case], model: str) -> tuple[int, dict[tuple[str, str], float]]:
+    """The convolutions and linears ``model`` runs, and the sum of their median microseconds
+    per (layout, "eager" or "run"), each shape weighted by its count. A linear's input is the
+    same in both layouts: its NCHW figures count in both sums."""
+    sums = {(layout, name): 0.0 for layout in LAYOUTS for name in ("eager", "run")}
+    n_ops = 0
+    for c in (c for c in cases if c.model == model):
+        for layout in LAYOUTS:
+            source = layout if (layout, "eager") in c.times else "nchw"
+            for name in ("eager", "run"):
+                sums[(layout, name)] += c.count * (_median_us(c, source, name) or 0.0)
+        n_ops += c.count
+    return n_ops, sums
+
+
+def sums_table(cases: list[Case]) -> str:
+    """Per model, the sums of ``model_sums`` and their ratio (run / eager), as Markdown."""
+    rows: list[list[object]] = []
+    for model in dict.fromkeys(c.model for c in cases):
+        n_ops, sums = model_sums(cases, model)
+        row: list[object] = [model, n_ops]
+        for layout in LAYOUTS:
+            e, r = sums[(layout, "eager")], sums[(layout, "run")]
+            row += [e, r, _ratio(r, e)]
+        rows.append(row)
+    headers = ["model", "convs and linears"]
+    for tag in ("NCHW", "channels-last"):
+        headers += [f"{tag}: eager us", f"{tag}: run us", f"{tag}: run / eager"]
+    return figures.markdown_table(headers, rows, ".2f")
+
+
 def report(cases: list[Case]) -> str:
     """The main table: per shape and layout (NCHW, channels-last) the median microseconds of the
     eager ATen op + clamp and of fxmobile's prepacked op, their ratio (below 1: prepacked is
@@ -321,8 +362,6 @@ def report(cases: list[Case]) -> str:
         headers += [f"{tag} eager us", f"{tag} run us", "ratio", f"{tag} path"]
     rows: list[list[object]] = []
     for model in dict.fromkeys(c.model for c in cases):
-        sums = {(layout, name): 0.0 for layout in LAYOUTS for name in ("eager", "run")}
-        n_ops = 0
         for c in (c for c in cases if c.model == model):
             lo, hi = c.shape.clamp
             clamp = "none" if lo is None and hi is None else f"[{lo}, {hi}]"
@@ -331,12 +370,7 @@ def report(cases: list[Case]) -> str:
                 e, r = _median_us(c, layout, "eager"), _median_us(c, layout, "run")
                 row += [e, r, _ratio(r, e), c.path.get(layout)]
             rows.append(row)
-            for layout in LAYOUTS:
-                # a linear's input is the same in both layouts: count its NCHW figures twice
-                source = layout if (layout, "eager") in c.times else "nchw"
-                for name in ("eager", "run"):
-                    sums[(layout, name)] += c.count * (_median_us(c, source, name) or 0.0)
-            n_ops += c.count
+        n_ops, sums = model_sums(cases, model)
         sum_row: list[object] = [model, "SUM of all convs and linears (x count)", n_ops, ""]
         for layout in LAYOUTS:
             e, r = sums[(layout, "eager")], sums[(layout, "run")]
@@ -375,8 +409,10 @@ def main() -> None:
     parser.add_argument(
         "--paths", action="store_true", help="also time every path each kernel can take"
     )
+    figures.add_argument(parser)
     args = parser.parse_args()
 
+    load_before, _ = figures.load()
     torch.set_num_threads(args.threads)
     ensure_registered(OpFamily.XNNPACK)
     gen = torch.Generator().manual_seed(0)
@@ -396,6 +432,14 @@ def main() -> None:
     if args.paths:
         print("\nevery path, forced: median us (ratio to eager)")
         print(report_paths(cases))
+    if args.write_docs:
+        run = figures.finish(
+            runtime=f"torch {torch.__version__}",
+            kernels="fxmobile._C's prepacked:: ops against ATen's op + clamp",
+            threads=args.threads,
+            load_before=load_before,
+        )
+        figures.write(FIGURES, sums_table(cases), run)
 
 
 if __name__ == "__main__":

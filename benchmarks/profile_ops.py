@@ -28,6 +28,8 @@ magnitude).
 Run from the repository root with the runtimes installed (``make runtimes``):
 ``python benchmarks/profile_ops.py [--models ...] [--rounds N] [--runtime 2.12.1]``.
 Compare ratios within one run; the machine is shared and absolute figures move with load.
+``--write-docs`` also writes every model's latency table into the performance page
+(``benchmarks/figures.py``).
 """
 
 from __future__ import annotations
@@ -50,7 +52,11 @@ import torch
 import torchvision
 from tabulate import tabulate
 
+# run by path (python benchmarks/...), the repository root is not on sys.path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import fxmobile
+from benchmarks import figures
 from fxmobile.runtime import require_installed
 from fxmobile.verify import randomize_batchnorm_statistics
 
@@ -62,6 +68,11 @@ MODELS = (
     "resnet50",
 )
 INPUT_SHAPE = (1, 3, 224, 224)
+# The block of docs/pages/performance.md that --write-docs fills.
+FIGURES = "real-runtime-ops"
+LATENCY_HEADERS = ["file", "median ms", "p10 ms", "p90 ms", "x upstream", "cpu median",
+                   "cpu p10", "cpu x upstream", "instructions", "op calls", "profiled ms",
+                   "rel err"]  # fmt: skip
 CHILD = Path(__file__).resolve().with_name("profile_ops_child.py")
 
 
@@ -164,6 +175,26 @@ def relative_error(expected: torch.Tensor, actual: torch.Tensor) -> float:
     return float((expected - actual).abs().max().item() / scale)
 
 
+def latency_rows(
+    reply: dict[str, Any], files: dict[str, Path], errors: dict[str, float]
+) -> list[list[Any]]:
+    """One row per file, ``LATENCY_HEADERS``' columns: the latency in the reference runtime's
+    lite interpreter (wall ms, and the calling thread's CPU ms), each as a ratio to upstream's
+    file too, the file's instruction and operator-call counts, the profiled self time and the
+    error against eager."""
+    upstream = reply["latency"]["upstream"]["median"]
+    upstream_cpu = reply["cpu"]["upstream"]["median"]
+    rows = []
+    for cand in reply["latency"]:
+        lat, cpu = reply["latency"][cand], reply["cpu"][cand]
+        counts = bytecode_counts(files[cand])
+        profiled = sum(us for _, us in reply["profiles"][cand].values()) / 1e3
+        rows.append([cand, lat["median"], lat["p10"], lat["p90"], lat["median"] / upstream,
+                     cpu["median"], cpu["p10"], cpu["median"] / upstream_cpu,
+                     counts["instructions"], counts["OP"], profiled, errors[cand]])  # fmt: skip
+    return rows
+
+
 def report(name: str, reply: dict[str, Any], files: dict[str, Path], errors: dict[str, float],
            top: int) -> None:  # fmt: skip
     """Print one model's tables: per file the wall-clock latency (ms, median and percentiles)
@@ -172,22 +203,10 @@ def report(name: str, reply: dict[str, Any], files: dict[str, Path], errors: dic
     operator-call counts, the profiled self time and the error against eager; then the ``top``
     ops by the first file's self CPU time, calls and microseconds per run for each file."""
     names = list(reply["latency"])
-    upstream = reply["latency"]["upstream"]["median"]
-    upstream_cpu = reply["cpu"]["upstream"]["median"]
-    rows = []
-    for cand in names:
-        lat, cpu = reply["latency"][cand], reply["cpu"][cand]
-        counts = bytecode_counts(files[cand])
-        profiled = sum(us for _, us in reply["profiles"][cand].values()) / 1e3
-        rows.append([cand, lat["median"], lat["p10"], lat["p90"], lat["median"] / upstream,
-                     cpu["median"], cpu["p10"], cpu["median"] / upstream_cpu,
-                     counts["instructions"], counts["OP"], profiled, errors[cand]])  # fmt: skip
+    rows = latency_rows(reply, files, errors)
     print(f"\n## {name} (torch {reply['torch']}, XNNPACK {reply['xnnpack']}, "
           f"{reply['threads']} threads)")  # fmt: skip
-    print(tabulate(rows, headers=["file", "median ms", "p10 ms", "p90 ms", "x upstream",
-                                  "cpu median", "cpu p10", "cpu x upstream", "instructions",
-                                  "op calls", "profiled ms", "rel err"],
-                   floatfmt=".3g"))  # fmt: skip
+    print(tabulate(rows, headers=LATENCY_HEADERS, floatfmt=".3g"))
     ops = sorted(
         {op for cand in names for op in reply["profiles"][cand]},
         key=lambda op: -reply["profiles"][names[0]].get(op, [0, 0])[1],
@@ -224,8 +243,11 @@ def main() -> None:
         help="a --keep folder of an earlier run: its fxm and fxm_script files run too "
         "(as before and before_script), interleaved with this run's",
     )
+    figures.add_argument(parser)
     args = parser.parse_args()
     python = require_installed(args.runtime)
+    docs_rows: list[list[Any]] = []
+    conditions: dict[str, Any] = {}  # what the reference runtime ran them on, for the docs
     load = os.getloadavg()
     print(f"load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
           f"({os.cpu_count()} cores)")  # fmt: skip
@@ -252,6 +274,16 @@ def main() -> None:
             errors = {c: relative_error(expected, outputs[c]) for c in outputs}
             files = {c["name"]: Path(c.get("save_to") or c["path"]) for c in candidates}
             report(name, reply, files, errors, args.top)
+            docs_rows += [[name, *row] for row in latency_rows(reply, files, errors)]
+            conditions = {
+                "runtime": f"torch {reply['torch']} lite interpreter (reference runtime)",
+                "kernels": f"its own prepacked:: ops (XNNPACK enabled: {reply['xnnpack']})",
+                "threads": reply["threads"],
+            }
+    if args.write_docs and docs_rows:
+        run = figures.finish(load_before=load[0], **conditions)
+        table = figures.markdown_table(["model", *LATENCY_HEADERS], docs_rows, ".3g")
+        figures.write(FIGURES, table, run)
     load = os.getloadavg()
     print(f"\nload average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     sys.stdout.flush()

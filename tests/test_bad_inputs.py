@@ -11,20 +11,15 @@ of their own at the end: they optimize, on CPU, with the numbers of eager.
 
 from __future__ import annotations
 
-import builtins
-import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+import fxmobile
 import pytest
 import torch
 import torch.ao.quantization as tq
-from torch import nn
-
-import fxmobile
 from fxmobile import (
     CaptureError,
     InvalidArgumentError,
@@ -36,6 +31,7 @@ from fxmobile import (
 from fxmobile.options import UNKNOWN_BACKEND
 from fxmobile.passes.remove_dropout import RemoveDropout
 from tests.helpers import assert_equivalent
+from torch import nn
 
 X = torch.randn(2, 4)
 
@@ -581,23 +577,3 @@ def test_concrete_arg_before_a_positional_input_is_passed_by_keyword() -> None:
     result = fxmobile.optimize_fx(Gated().eval(), (X, X), concrete_args={"gate": False})
     assert result.report.numerics_passed
     torch.testing.assert_close(result.graph_module(X, X), torch.zeros_like(X))
-
-
-def test_every_exception_the_readme_names_for_bad_input_is_fxmobiles() -> None:
-    """A user catches what the README's "Bad input" table names as ``fxmobile.<Name>``, and it
-    derives from the built-in the row names with it (``ScriptingError (RuntimeError)``)."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    table = readme.split("\n## Bad input\n", 1)[1].split("\n## ", 1)[0]
-    named = set()
-    for row in (line for line in table.splitlines() if line.startswith("| ")):
-        cell = row.split(" | ")[1]
-        for name, builtin in re.findall(r"`(\w+Error)`(?: \(`(\w+Error)`\))?", cell):
-            if hasattr(builtins, name):
-                continue
-            named.add(name)
-            cls = getattr(fxmobile, name, None)
-            assert isinstance(cls, type), f"the README names {name}; fxmobile.{name} is missing"
-            assert issubclass(cls, fxmobile.FxMobileError)
-            if builtin:
-                assert issubclass(cls, getattr(builtins, builtin)), f"{name} is no {builtin}"
-    assert {"CaptureError", "ScriptingError", "InvalidArgumentError"} <= named
