@@ -11,11 +11,17 @@ ATen's. Convolutions are swept (hypothesis, derandomized) over strides, padding,
 groups (depthwise included), output padding, bias and both input memory formats; the explicit
 cases below cover the rule's choice (``fxmobile::kernel_path``), each path's edge cases and the
 refusals upstream makes.
+
+Inputs holding NaN, +Inf or -Inf (some sweep draws, and one explicit test per op) give what ATen's
+op and ``torch.clamp`` give: NaN wherever the reference has NaN (clamp keeps NaN; a fused clamp
+built from max/min instructions turns it into a bound), the same infinity where it has one, and
+the numbers elsewhere.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +48,26 @@ def _registered() -> None:
 
 def _rand(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+# NaN, +Inf and -Inf, each written at an input position a draw picks.
+NONFINITE = (float("nan"), float("inf"), float("-inf"))
+Specials = tuple[tuple[float, int], ...]
+SPECIALS = st.one_of(
+    st.just(()),
+    st.lists(
+        st.tuples(st.sampled_from(NONFINITE), st.integers(0, 1 << 16)), min_size=1, max_size=3
+    ).map(tuple),
+)
+
+
+def _with_specials(x: torch.Tensor, specials: Specials) -> torch.Tensor:
+    """``x`` with each (value, position) of ``specials`` written at that flat position (modulo
+    the size); positions are in ``x``'s logical (row-major) order, whatever its memory format."""
+    flat = x.flatten().clone()
+    for value, position in specials:
+        flat[position % flat.numel()] = value
+    return flat.view(x.shape)
 
 
 def _clamped(y: torch.Tensor, clamp: Clamp) -> torch.Tensor:
@@ -119,12 +145,13 @@ def _check_every_path(
     ops.fxmobile.force_kernel_path(ctx, "aten")
     aten = run(x, ctx)
     ops.fxmobile.force_kernel_path(ctx, "auto")
+    expected = reference(x)
     for path in [*taken, "auto"]:
         ops.fxmobile.force_kernel_path(ctx, path)
         try:
-            assert_equivalent(reference, lambda x: run(x, ctx), x)
-            assert_equivalent(lambda x: aten, lambda x: run(x, ctx), x)
             y = run(x, ctx)
+            _assert_matches(expected, y)
+            _assert_matches(aten, y)
         except AssertionError as e:
             raise AssertionError(f"{where}, path {path}: {e}") from e
         finally:
@@ -136,6 +163,25 @@ def _check_every_path(
                 f"{where}, path {path}: the output does not keep the input's memory format"
             )
     return taken
+
+
+def _assert_matches(expected: torch.Tensor, got: torch.Tensor) -> None:
+    """``got`` has NaN where ``expected`` has NaN and the same infinity where it has one, and is
+    within float rounding of it everywhere else (``assert_equivalent`` on the finite values)."""
+    nan = expected.isnan()
+    assert torch.equal(got.isnan(), nan), (
+        f"NaN at {int(got.isnan().sum())} positions, expected at {int(nan.sum())} "
+        f"({int((got.isnan() & ~nan).sum())} of them where a number is expected)"
+    )
+    inf = expected.isinf()
+    same_inf = torch.equal(got.isinf(), inf) and torch.equal(
+        got[inf].double(), expected[inf].double()
+    )
+    assert same_inf, (
+        f"infinities at {int(got.isinf().sum())} positions, expected at {int(inf.sum())}"
+    )
+    finite = expected.isfinite()
+    assert_equivalent(lambda: expected.where(finite, 0), lambda: got.where(finite, 0))
 
 
 CONV_PATHS = ("aten", "onednn", "onednn_nchw", "gemm", "depthwise")
@@ -195,6 +241,7 @@ def conv2d_cases(draw: st.DrawFn) -> dict[str, Any]:
         "clamp": draw(st.sampled_from(CLAMPS)),
         "channels_last": draw(st.booleans()),
         "weight_channels_last": draw(st.booleans()),  # as fxmobile's channels-last pass stores it
+        "specials": draw(SPECIALS),
     }
 
 
@@ -203,7 +250,7 @@ def conv2d_cases(draw: st.DrawFn) -> dict[str, Any]:
 def test_conv2d_sweep(case: dict[str, Any]) -> None:
     w = _layout(_rand(*case["w"], seed=1), case["weight_channels_last"])
     b = _rand(case["w"][0], seed=2) if case["bias"] else None
-    x = _layout(_rand(*case["x"], seed=3), case["channels_last"])
+    x = _layout(_with_specials(_rand(*case["x"], seed=3), case["specials"]), case["channels_last"])
     _check_conv2d(
         x, w, b, case["stride"], case["padding"], case["dilation"], case["groups"], case["clamp"]
     )
@@ -506,6 +553,7 @@ def tconv_cases(draw: st.DrawFn) -> dict[str, Any]:
         "groups": groups,
         "clamp": draw(st.sampled_from(CLAMPS)),
         "channels_last": draw(st.booleans()),
+        "specials": draw(SPECIALS),
     }
 
 
@@ -514,7 +562,7 @@ def tconv_cases(draw: st.DrawFn) -> dict[str, Any]:
 def test_conv_transpose2d_sweep(case: dict[str, Any]) -> None:
     w = _rand(*case["w"], seed=17)
     b = _rand(case["w"][1] * case["groups"], seed=18) if case["bias"] else None
-    x = _layout(_rand(*case["x"], seed=19), case["channels_last"])
+    x = _layout(_with_specials(_rand(*case["x"], seed=19), case["specials"]), case["channels_last"])
     s, p, op, d, g = (
         case[k] for k in ("stride", "padding", "output_padding", "dilation", "groups")
     )
@@ -542,12 +590,13 @@ def test_conv_transpose2d_sweep(case: dict[str, Any]) -> None:
     st.sampled_from([(), (1,), (3,), (2, 3)]),
     st.booleans(),
     st.sampled_from(CLAMPS),
+    SPECIALS,
 )
 def test_linear_sweep(
-    in_f: int, out_f: int, lead: tuple[int, ...], bias: bool, clamp: Clamp
+    in_f: int, out_f: int, lead: tuple[int, ...], bias: bool, clamp: Clamp, specials: Specials
 ) -> None:
     w, b = _rand(out_f, in_f, seed=20), (_rand(out_f, seed=21) if bias else None)
-    x = _rand(*lead, in_f, seed=22)
+    x = _with_specials(_rand(*lead, in_f, seed=22), specials)
     lo, hi = clamp
 
     def reference(x: torch.Tensor) -> torch.Tensor:
@@ -586,6 +635,157 @@ def test_linear_single_row_split_over_threads(threads: int) -> None:
         )
     finally:
         torch.set_num_threads(before)
+
+
+# --- NaN and infinities -------------------------------------------------------------------
+
+NONFINITE_CLAMPS = [(None, None), (0.0, None), (0.0, 6.0), (-1.0, 1.0)]
+NONFINITE_CLAMP_IDS = ["none", "relu", "relu6", "minus1-1"]
+
+
+def _nonfinite_input(*shape: int, seed: int) -> torch.Tensor:
+    """A random (N >= 2, C, H >= 4, W >= 4) input holding NaN, +Inf and -Inf: inside the map and
+    at corners and edges (windows that reach into the padding), in the first, a middle and the
+    last channel (a depthwise loop's register block and its tail), and in image 1 a +Inf and a
+    -Inf in one window (NaN or an infinity there, by the weights' signs). The rest is finite."""
+    x = _rand(*shape, seed=seed)
+    _, c, h, w = shape
+    nan, inf = float("nan"), float("inf")
+    x[0, 0, 2, 2] = nan
+    x[0, c - 1, 0, 0] = inf
+    x[0, c // 2, h - 1, w - 2] = -inf
+    x[1, 0, 1, w - 1] = inf
+    x[1, c - 1, 2, w - 1] = -inf
+    x[1, c // 2, h - 1, 0] = nan
+    return x
+
+
+# id: input shape, weight shape (IOHW when transposed), stride, padding, dilation, groups,
+# output_padding (None: not transposed), the fast paths the kernel must take besides ATen's.
+# oneDNN fuses the clamp behind a check of the input for the "expanding" ones (an output of at
+# least twice the input's elements) and clamps its output afterwards for the others.
+NONFINITE_CONVS: dict[str, tuple[Any, ...]] = {
+    "3x3": ((2, 5, 7, 6), (7, 5, 3, 3), 1, 1, 1, 1, None, {"onednn", "onednn_nchw"}),
+    "3x3-expanding": ((2, 3, 7, 6), (8, 3, 3, 3), 1, 1, 1, 1, None, {"onednn", "onednn_nchw"}),
+    "3x3-strided-dilated": ((2, 4, 9, 8), (6, 4, 3, 3), 2, 2, 2, 1, None, {"onednn"}),
+    "grouped": ((2, 6, 7, 6), (6, 2, 3, 3), 1, 1, 1, 3, None, {"onednn", "onednn_nchw"}),
+    "depthwise": ((2, 18, 7, 6), (18, 1, 3, 3), 1, 1, 1, 18, None, {"onednn", "depthwise"}),
+    "1x1": ((2, 6, 5, 4), (10, 6, 1, 1), 1, 0, 1, 1, None, {"onednn", "onednn_nchw", "gemm"}),
+    "1x1-expanding": ((2, 6, 5, 4), (24, 6, 1, 1), 1, 0, 1, 1, None, {"onednn", "gemm"}),
+    "transposed-expanding": ((2, 4, 5, 4), (4, 3, 3, 3), 2, 1, 1, 1, 1, {"onednn"}),
+    "transposed-grouped": ((2, 4, 5, 4), (4, 2, 3, 3), 1, 1, 1, 2, 0, {"onednn"}),
+}
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("clamp", NONFINITE_CLAMPS, ids=NONFINITE_CLAMP_IDS)
+@pytest.mark.parametrize("conv", NONFINITE_CONVS.values(), ids=NONFINITE_CONVS.keys())
+def test_every_conv_path_propagates_nan_and_inf_like_aten_clamp(
+    conv: tuple[Any, ...], clamp: Clamp, channels_last: bool
+) -> None:
+    """On every path, an input holding NaN and infinities gives what ATen's conv2d /
+    conv_transpose2d and then torch.clamp give: NaN stays NaN (a clamp fused as a max/min would
+    turn it into a bound), an infinity becomes the bound it passes. The prepacked:: ops only:
+    the other families run the same kernels (the sweeps above run them all on such inputs)."""
+    shape, w_shape, s, p, d, g, output_padding, fast = conv
+    transposed = output_padding is not None
+    out_channels = w_shape[1] * g if transposed else w_shape[0]
+    w, b = _rand(*w_shape, seed=100), _rand(out_channels, seed=101)
+    x = _layout(_nonfinite_input(*shape, seed=102), channels_last)
+    lo, hi = clamp
+    if transposed:
+        op = [output_padding] * 2
+        ctx = ops.prepacked.conv2d_transpose_clamp_prepack(
+            w, b, [s] * 2, [p] * 2, op, [d] * 2, g, lo, hi
+        )
+        run = ops.prepacked.conv2d_transpose_clamp_run
+
+        def reference(x: torch.Tensor) -> torch.Tensor:
+            y = F.conv_transpose2d(x.double(), w.double(), b.double(), s, p, op, g, d)
+            return _clamped(y, clamp)
+    else:
+        ctx = ops.prepacked.conv2d_clamp_prepack(w, b, [s] * 2, [p] * 2, [d] * 2, g, lo, hi)
+        run = ops.prepacked.conv2d_clamp_run
+
+        def reference(x: torch.Tensor) -> torch.Tensor:
+            return _clamped(F.conv2d(x.double(), w.double(), b.double(), s, p, d, g), clamp)
+
+    expected = reference(x)
+    assert expected.isnan().any() and expected.isfinite().any()
+    taken = _check_every_path(reference, ctx, run, x, CONV_PATHS, "xnnpack")
+    assert fast <= set(taken), f"took only {taken}"
+
+
+@pytest.mark.parametrize("clamp", [(0.0, 6.0), (-1.0, 1.0)], ids=["relu6", "minus1-1"])
+def test_a_clamped_path_is_torch_clamp_of_its_unclamped_output_when_sums_overflow(
+    clamp: Clamp,
+) -> None:
+    """A finite input near float's largest value overflows the sums into infinities and, where
+    a +Inf and a -Inf partial sum meet, NaN: how many and where depends on the order each path
+    sums in (fused multiply-adds alone never make one), so the paths differ from one another and
+    from float64, and no one reference fits them all. On every path of every geometry above, the
+    clamped op is still exactly torch.clamp of the same path's unclamped output: a NaN that
+    overflow made stays NaN, so a clamp is fused only where no sum can overflow."""
+    lo, hi = clamp
+    onednn_nans = 0
+    for shape, w_shape, s, p, d, g, output_padding, _fast in NONFINITE_CONVS.values():
+        w = _rand(*w_shape, seed=106) * 4
+        x = _rand(*shape, seed=107).sign() * 3e38  # most products overflow, with either sign
+        if output_padding is None:
+            args: tuple[Any, ...] = ([s] * 2, [p] * 2, [d] * 2, g)
+            prepack, run = ops.prepacked.conv2d_clamp_prepack, ops.prepacked.conv2d_clamp_run
+        else:
+            args = ([s] * 2, [p] * 2, [output_padding] * 2, [d] * 2, g)
+            prepack = ops.prepacked.conv2d_transpose_clamp_prepack
+            run = ops.prepacked.conv2d_transpose_clamp_run
+        ctx, plain = prepack(w, None, *args, lo, hi), prepack(w, None, *args)
+        for channels_last, path in itertools.product((False, True), _forceable(ctx, CONV_PATHS)):
+            ops.fxmobile.force_kernel_path(ctx, path)
+            ops.fxmobile.force_kernel_path(plain, path)
+            xl = _layout(x, channels_last)
+            unclamped = run(xl, plain)
+            if path.startswith("onednn"):
+                onednn_nans += int(unclamped.isnan().sum())
+            torch.testing.assert_close(
+                run(xl, ctx), unclamped.clamp(lo, hi), rtol=0, atol=0, equal_nan=True, msg=path
+            )
+    assert onednn_nans > 0  # oneDNN made some NaN (grouped NCHW and transposed inputs here)
+
+
+@pytest.mark.parametrize("clamp", NONFINITE_CLAMPS, ids=NONFINITE_CLAMP_IDS)
+@pytest.mark.parametrize(
+    ("shape", "specials"),
+    [
+        ((4, 9), ((0, 3, "nan"), (1, 0, "inf"), (2, 8, "-inf"), (2, 4, "inf"))),
+        ((2, 3, 9), ((0, 8, "nan"), (2, 2, "-inf"), (5, 5, "inf"))),
+        ((1, 512), ((0, 7, "nan"),)),  # one row and a large weight: the split GEMV
+        ((1, 512), ((0, 511, "-inf"),)),
+    ],
+    ids=["rows", "3-d", "gemv-nan", "gemv-inf"],
+)
+def test_every_linear_path_propagates_nan_and_inf_like_aten_clamp(
+    shape: tuple[int, ...], specials: tuple[tuple[int, int, str], ...], clamp: Clamp
+) -> None:
+    """The linear kernel's paths, on inputs holding NaN and infinities (row, feature, value),
+    give what F.linear and then torch.clamp give; the last row of a 2-D input stays finite."""
+    in_f, out_f = shape[-1], 300 if shape[-1] == 512 else 7
+    w, b = _rand(out_f, in_f, seed=103), _rand(out_f, seed=104)
+    x = _rand(*shape, seed=105)
+    for row, feature, value in specials:
+        x.view(-1, in_f)[row, feature] = float(value)
+    lo, hi = clamp
+
+    def reference(x: torch.Tensor) -> torch.Tensor:
+        return _clamped(F.linear(x.double(), w.double(), b.double()), clamp)
+
+    assert not F.linear(x, w, b).isfinite().all()  # the special values reach the output
+    xnn = ops.prepacked.linear_clamp_prepack(w, b, lo, hi)
+    mtl = ops.metal_prepack.linear_prepack(w, b, lo, hi)
+    for family, ctx, run in [
+        ("xnnpack", xnn, ops.prepacked.linear_clamp_run),
+        ("metal", mtl, ops.metal_prepack.linear_run),
+    ]:
+        assert _check_every_path(reference, ctx, run, x, LINEAR_PATHS, family) == ["aten", "gemm"]
 
 
 # --- Vulkan-only kernels ------------------------------------------------------------------

@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string_view>
 
 #include "elementwise.h"
@@ -87,6 +89,30 @@ c10::List<std::optional<c10::Scalar>> scalar_list(const std::vector<double>& val
   return list;
 }
 
+// True when the output has at least twice as many elements as the input (ignoring the borders):
+// then checking the input costs less than clamping the output (see conv_onednn.h).
+bool output_outgrows_input(const at::Tensor& weight, const ConvGeometry& geo) {
+  const int64_t stride_area = geo.stride[0] * geo.stride[1];
+  if (geo.transposed) { // weight (Cin, Cout / groups, kH, kW)
+    return weight.size(1) * geo.groups * stride_area >= 2 * weight.size(0);
+  }
+  return weight.size(0) >= 2 * weight.size(1) * geo.groups * stride_area;
+}
+
+// The largest max|x| for which y = conv(x, W) + b stays within 2^100 (see conv_onednn.h), or -1
+// when no input does: a weight that is not finite (its sum|W| is not) or a bias beyond 2^99 (or
+// NaN, which fails the comparison).
+float fused_input_limit(const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  constexpr double kHalfSafe = 0x1p99;
+  const double weight_l1 = weight.abs().sum(at::kDouble).item<double>();
+  const double bias_max =
+      bias && bias->numel() > 0 ? bias->abs().max().item<double>() : 0.0;
+  if (!std::isfinite(weight_l1) || !(bias_max <= kHalfSafe)) {
+    return -1.0f;
+  }
+  return static_cast<float>(kHalfSafe / std::max(weight_l1, 1.0));
+}
+
 } // namespace
 
 bool OneDnnConv::available(bool transposed) {
@@ -108,6 +134,9 @@ OneDnnConv::OneDnnConv(
   } else {
     attr_ = "hardtanh";
     attr_list_ = scalar_list({clamp_.lo(), clamp_.hi()});
+  }
+  if (attr_ != "none" && output_outgrows_input(weight_, geo_)) {
+    fused_input_limit_ = fused_input_limit(weight_, bias_);
   }
   // No reorder here: oneDNN's weight layout depends on the input size, so each size gets its
   // own, on its first run (an input-independent one made here was never read, and held a
@@ -164,38 +193,7 @@ at::Tensor OneDnnConv::run(const at::Tensor& input) const {
   if (!w.defined()) {
     return w;
   }
-  const auto& ops = onednn_ops();
-  at::Tensor y;
-  if (geo_.transposed) {
-    y = ops.conv_transpose->call(
-        x,
-        w,
-        bias_,
-        geo_.padding,
-        geo_.output_padding,
-        geo_.stride,
-        geo_.dilation,
-        geo_.groups,
-        attr_,
-        attr_list_,
-        std::nullopt);
-  } else {
-    y = ops.conv->call(
-        x,
-        w,
-        bias_,
-        geo_.padding,
-        geo_.stride,
-        geo_.dilation,
-        geo_.groups,
-        attr_,
-        attr_list_,
-        std::nullopt);
-  }
-  if (!clamp_.ordered()) {
-    clamp_.apply_(y);
-  }
-  return y;
+  return convolve(x, w);
 }
 
 at::Tensor OneDnnConv::run_nchw(const at::Tensor& input) const {
@@ -208,19 +206,44 @@ at::Tensor OneDnnConv::run_nchw(const at::Tensor& input) const {
     const int64_t w = x.size(3);
     x = x.as_strided(x.sizes(), {h * w, h * w, w, 1});
   }
-  at::Tensor y = onednn_ops().conv->call(
-      x,
-      weight_,
-      bias_,
-      geo_.padding,
-      geo_.stride,
-      geo_.dilation,
-      geo_.groups,
-      attr_,
-      attr_list_,
-      std::nullopt);
-  if (!clamp_.ordered()) {
-    clamp_.apply_(y);
+  return convolve(x, weight_);
+}
+
+at::Tensor OneDnnConv::convolve(const at::Tensor& x, const at::Tensor& weight) const {
+  const bool fused = fused_input_limit_ >= 0.0f && all_abs_at_most(x, fused_input_limit_);
+  const std::string_view attr = fused ? std::string_view(attr_) : "none";
+  const c10::List<std::optional<c10::Scalar>> scalars =
+      fused ? attr_list_ : c10::List<std::optional<c10::Scalar>>();
+  const auto& ops = onednn_ops();
+  at::Tensor y;
+  if (geo_.transposed) {
+    y = ops.conv_transpose->call(
+        x,
+        weight,
+        bias_,
+        geo_.padding,
+        geo_.output_padding,
+        geo_.stride,
+        geo_.dilation,
+        geo_.groups,
+        attr,
+        scalars,
+        std::nullopt);
+  } else {
+    y = ops.conv->call(
+        x,
+        weight,
+        bias_,
+        geo_.padding,
+        geo_.stride,
+        geo_.dilation,
+        geo_.groups,
+        attr,
+        scalars,
+        std::nullopt);
+  }
+  if (!fused) {
+    clamp_dense_(y, clamp_.lo(), clamp_.hi()); // NaN stays NaN, as in torch.clamp
   }
   return y;
 }

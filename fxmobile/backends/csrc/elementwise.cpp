@@ -1,4 +1,5 @@
-// Fused bias + clamp pass and the NCHW -> channels-last transpose (see elementwise.h).
+// Fused bias + clamp pass, the NCHW -> channels-last transpose and the bound check (see
+// elementwise.h).
 #include "elementwise.h"
 #include "simd.h"
 
@@ -6,6 +7,8 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <limits>
 
 #if defined(__SSE__)
@@ -156,6 +159,15 @@ void add_bias_clamp_rows(
   }
 }
 
+FXMOBILE_SIMD_CLONES
+bool abs_at_most(const float* data, int64_t n, float limit) {
+  int outside = 0; // an int, not a bool, so the loop vectorizes as an OR reduction
+  for (int64_t i = 0; i < n; ++i) {
+    outside |= !(std::fabs(data[i]) <= limit); // NaN compares false: outside
+  }
+  return outside == 0;
+}
+
 bool nothing_to_do(const float* bias, float lo, float hi) {
   return bias == nullptr && lo == -std::numeric_limits<float>::infinity() &&
       hi == std::numeric_limits<float>::infinity();
@@ -179,6 +191,16 @@ void add_bias_clamp_(
   at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
     add_bias_clamp_rows(data, r0, r1, cols, cols, bias, bias_per_row, bias_len, lo, hi);
   });
+}
+
+void clamp_dense_(at::Tensor& t, float lo, float hi) {
+  TORCH_INTERNAL_ASSERT(t.scalar_type() == at::kFloat && t.is_non_overlapping_and_dense());
+  // Without a bias, any split of the numel() floats from data_ptr into rows will do.
+  constexpr int64_t kCols = 1024;
+  const int64_t n = t.numel();
+  float* data = t.mutable_data_ptr<float>();
+  add_bias_clamp_(data, n / kCols, kCols, nullptr, false, 1, lo, hi);
+  add_bias_clamp_(data + n - n % kCols, 1, n % kCols, nullptr, false, 1, lo, hi);
 }
 
 at::Tensor to_channels_last(const at::Tensor& input) {
@@ -217,6 +239,19 @@ at::Tensor to_channels_last(const at::Tensor& input) {
     }
   });
   return out;
+}
+
+bool all_abs_at_most(const at::Tensor& t, float limit) {
+  // A non-overlapping dense tensor (NCHW or channels-last) is its numel() floats from data_ptr.
+  const at::Tensor dense = t.is_non_overlapping_and_dense() ? t : t.contiguous();
+  const float* data = dense.const_data_ptr<float>();
+  std::atomic<bool> within{true};
+  at::parallel_for(0, dense.numel(), kGrainElements, [&](int64_t begin, int64_t end) {
+    if (within.load(std::memory_order_relaxed) && !abs_at_most(data + begin, end - begin, limit)) {
+      within.store(false, std::memory_order_relaxed);
+    }
+  });
+  return within.load();
 }
 
 } // namespace fxmobile

@@ -1,5 +1,6 @@
-// Memory-bound helpers of the kernels: a fused bias-add-and-clamp pass and an NCHW ->
-// channels-last transpose, both float32, both parallel over ATen's intra-op threads.
+// Memory-bound helpers of the kernels: a fused bias-add-and-clamp pass, an NCHW ->
+// channels-last transpose and a bound check, all float32, all parallel over ATen's intra-op
+// threads.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,8 +23,16 @@ void add_bias_clamp_(
     float lo,
     float hi);
 
+// t = clamp(t, lo, hi) in place, for a non-overlapping dense float32 tensor of any memory
+// format (a no-op for lo = -inf, hi = +inf), with add_bias_clamp_'s semantics.
+void clamp_dense_(at::Tensor& t, float lo, float hi);
+
 // An NCHW float32 tensor copied to channels-last (blocked AVX transpose), parallel over
 // ATen's threads.
 at::Tensor to_channels_last(const at::Tensor& input);
+
+// True when every element of the float32 tensor `t` has |x| <= limit: false for any NaN (and for
+// any infinity, with a finite limit). One read of the tensor.
+bool all_abs_at_most(const at::Tensor& t, float limit);
 
 } // namespace fxmobile
