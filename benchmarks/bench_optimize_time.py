@@ -68,7 +68,7 @@ NO_INPUTS = "fxmobile.optimize, no example_inputs"
 STAGES = (
     ("fxmobile.api.fx_flow", "fx_stage", "FX stage"),
     ("fxmobile.api.fx_flow", "capture", "  capture: copy + symbolic trace"),
-    ("fxmobile.capture.trace", "reference_outputs", "  eager reference run (check)"),
+    ("fxmobile.capture.reference", "reference_outputs", "  eager reference runs (check)"),
     ("fxmobile.api.script_flow", "to_torchscript", "torch.jit.script of the graph module"),
     ("fxmobile.api.script_flow", "script_stage", "TorchScript stage"),
     ("fxmobile.api.script_flow", "op_histogram", "  op histograms"),

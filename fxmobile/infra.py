@@ -56,7 +56,7 @@ class Pass(abc.ABC, Generic[U, C]):
     """A rewrite of one unit; subclasses set ``optimization`` and ``summary``, implement ``call``.
 
     ``summary`` is the one-line rewrite (``before -> after``) that ``fxmobile passes`` prints and
-    the README's pass tables show.
+    the docs' pass tables show (docs/pages/passes.md).
     """
 
     optimization: MobileOptimizerType | None = None

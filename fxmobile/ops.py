@@ -1,4 +1,5 @@
-"""What ops do, in one place: which return views, which write in place, which are random.
+"""What ops do, in one place: which return views, which write in place, which are random, which
+seed a generator.
 
 Capture, every FX pass and the TorchScript checks ask here; no other module keeps a table of
 view or in-place ops. Where torch knows the fact it is read from torch's own op schemas:
@@ -8,7 +9,10 @@ view or in-place ops. Where torch knows the fact it is read from torch's own op 
   Tensor(a)[]``, ``contiguous``, ``reshape``: "may alias" counts);
 - an **in-place** op writes an argument (``add_(Tensor(a!) self, ...)``), not counting the
   ``out=`` overloads, which write only when a call passes ``out``;
-- a **random** op is tagged ``nondeterministic_seeded`` (``rand``, ``bernoulli``, ``dropout``).
+- a **random** op is tagged ``nondeterministic_seeded`` (``rand``, ``bernoulli``, ``dropout``);
+- a **seeding** op sets a generator's state: an overload writes a ``Generator`` argument
+  (``manual_seed.generator(Generator(a!) self, int seed)``, ``seed(Generator(a!) self)``; the
+  ``int`` overload of ``manual_seed`` seeds the default generator, which its schema leaves out).
 
 So an op torch adds is classified without a hand-written entry. A Python-level call (an FX
 node) is mapped to its aten op by name: a tensor method or a function of torch's namespaces
@@ -16,8 +20,8 @@ node) is mapped to its aten op by name: a tensor method or a function of torch's
 op Python dispatches to (``operator.getitem`` on a tensor is indexing: a view), and
 ``inplace=True`` / ``out=`` arguments write. What torch cannot say is written here, with the
 reason: attributes that are views (``x.T``), modules whose output is their input or a view of it,
-ops that need uninitialized memory, and the reshapes whose result is a view only for some
-memory layouts.
+ops that need uninitialized memory, the reshapes whose result is a view only for some
+memory layouts, and ``set_rng_state``, which sets the generator in Python, without an op.
 
 A torch function that is no aten op (``F.interpolate``, composed in Python) may alias its
 input but writes only when its name or an ``inplace`` / ``out`` argument says so. Anything else
@@ -103,6 +107,10 @@ LAYOUT_DEPENDENT_VIEWS = frozenset(
 # other ATen op takes any strides.
 STRIDE_STRICT_VIEWS = frozenset({"view", "view_as", "_unsafe_view", "view_as_complex"})
 
+# Functions of torch's namespace that set the global generator's state with no op of their own
+# (``torch.set_rng_state`` is Python: ``default_generator.set_state``), besides the seeding ops.
+SETS_RNG_STATE = frozenset({"set_rng_state"})
+
 # Calls that read an input's memory layout itself rather than its values.
 STRIDE_READERS = frozenset(
     {"as_strided", "stride", "data_ptr", "storage_offset", "untyped_storage", "is_contiguous",
@@ -137,14 +145,15 @@ class OpInfo:
     view: bool  # its result may share memory with an input
     writes: bool  # it writes an input, or state, in place
     random: bool  # it draws from the random number generator
+    seeds: bool = False  # it sets a random number generator's state (``manual_seed``)
 
     @property
     def pure(self) -> bool:
-        """Writes nothing and draws nothing: removable when its result is unused."""
-        return not self.writes and not self.random
+        """Writes nothing, draws nothing, seeds nothing: removable when its result is unused."""
+        return not self.writes and not self.random and not self.seeds
 
 
-UNKNOWN = OpInfo(None, view=True, writes=True, random=True)
+UNKNOWN = OpInfo(None, view=True, writes=True, random=True, seeds=True)
 NOTHING = OpInfo(None, view=False, writes=False, random=False)
 
 
@@ -171,7 +180,7 @@ def aten(name: str) -> OpInfo:
         written = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
         writes |= written
         view |= not written and any(r.alias_info is not None for r in schema.returns)
-    return OpInfo(name, view or name in RETURNS_INPUT, writes, _random(name))
+    return OpInfo(name, view or name in RETURNS_INPUT, writes, _random(name), _seeds(name))
 
 
 # Tensor's in-place dunders (``x += y`` calls ``__iadd__``) and ``x[i] = v``.
@@ -201,6 +210,34 @@ def _random(name: str) -> bool:
         if torch.Tag.nondeterministic_seeded in getattr(packet, overload).tags:
             return True
     return False
+
+
+@functools.cache
+def _seeds(name: str) -> bool:
+    """Whether an overload of ``aten::<name>`` writes a ``Generator`` argument."""
+    return any(
+        a.alias_info is not None and a.alias_info.is_write and a.type.kind() == "GeneratorType"
+        for schema in torch._C._jit_get_schemas_for_operator(f"aten::{name}")
+        for a in schema.arguments
+    )
+
+
+@functools.cache
+def random_functions() -> tuple[str, ...]:
+    """The public functions of ``torch``'s namespace whose op draws random numbers
+    (``torch.randn``, ``torch.randint``, ``torch.normal``, ``torch.bernoulli``...)."""
+    return tuple(n for n in _torch_functions() if is_aten(n) and aten(n).random)
+
+
+@functools.cache
+def rng_state_functions() -> tuple[str, ...]:
+    """The public functions of ``torch``'s namespace that seed or set the global generator
+    (``torch.manual_seed``, ``torch.seed``, ``torch.set_rng_state``)."""
+    return tuple(n for n in _torch_functions() if n in SETS_RNG_STATE or (is_aten(n) and _seeds(n)))
+
+
+def _torch_functions() -> list[str]:
+    return [n for n in dir(torch) if not n.startswith("_") and callable(getattr(torch, n, None))]
 
 
 def call_name(node: fx.Node) -> str | None:
@@ -249,7 +286,7 @@ def call_op(node: fx.Node) -> OpInfo:
         return NOTHING if node.op == "call_function" and _plain_python(node.target) else UNKNOWN
     info = aten(name)
     if node.kwargs.get("inplace") is True or _out_nodes(node):
-        info = OpInfo(name, info.view, True, info.random)
+        info = OpInfo(name, info.view, True, info.random, info.seeds)
     return info
 
 
@@ -339,5 +376,6 @@ def script_op(node: torch._C.Node) -> OpInfo:
         return NOTHING if kind.startswith("prim::") else UNKNOWN
     written = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
     view = not written and any(r.alias_info is not None for r in schema.returns)
-    random = kind.startswith("aten::") and _random(kind.split("::", 1)[1])
-    return OpInfo(kind, view, written, random)
+    aten_name = kind.split("::", 1)[1] if kind.startswith("aten::") else None
+    random = aten_name is not None and _random(aten_name)
+    return OpInfo(kind, view, written, random, aten_name is not None and _seeds(aten_name))

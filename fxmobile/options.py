@@ -23,7 +23,42 @@ from torch import fx, nn
 
 from fxmobile.errors import InvalidArgumentError, InvalidValueError
 
-DEFAULT_TOLERANCE = 1e-4  # max abs error relative to the largest magnitude of eager's output
+# A tolerance is the max abs error of an output relative to the largest finite magnitude of
+# eager's output. Without one from the caller, each output's dtype picks it, as torch.testing's
+# defaults do (its rtol: float16 1e-3, bfloat16 1.6e-2, float32 1.3e-6, float64 1e-7; integers
+# and bool exact).
+DEFAULT_TOLERANCE = 1e-4  # float32's: a whole network's rounding, 77x torch.testing's rtol
+TOLERANCES: dict[torch.dtype, float] = {
+    torch.float32: DEFAULT_TOLERANCE,
+    # torch.testing's float16 rtol is 770x its float32 one, and rounding alone bears that out:
+    # 4e-4..1.3e-3 on the models measured (small CNN, MLP, resnet18, mobilenet_v3_small,
+    # efficientnet_b0), against 1e-7..8e-7 in float32. 770 x 1e-4 (7.7e-2) would come close
+    # to what real bugs give (the README's wrong fold: 9.5e-2), so float16 takes 10x its rtol,
+    # 1e-2: 8x over the worst rounding measured.
+    torch.float16: 1e-2,
+    # bfloat16 keeps 8 mantissa bits to float16's 11 (torch.testing's rtol ratio between the
+    # two is 16): rounding measured 3.8e-3..9.1e-3 (resnet50). 5e-2 is 5x over that and still
+    # under the errors of a wrong fold (9.5e-2) or a training BatchNorm frozen (0.34).
+    torch.bfloat16: 5e-2,
+    # torch.testing's own float64 rtol. Its ratio to float32's (0.077) would give 7.7e-6, but
+    # float64 rounding measures 1e-16..3e-15 here, so the tighter value costs nothing and also
+    # stops a pass that computes a float64 model in float32 (errors near 1e-7 and above).
+    torch.float64: 1e-7,
+}
+# Complex outputs take their parts' dtype's tolerance, as in torch.testing.
+_PARTS = {torch.complex32: torch.float16, torch.complex64: torch.float32,
+          torch.complex128: torch.float64}  # fmt: skip
+
+
+def tolerance_for(dtype: torch.dtype) -> float:
+    """The default tolerance of an output of ``dtype``: the table above; 0 (exact) for integer
+    and bool outputs (an index or a token id off by one is wrong, however large the scale)."""
+    dtype = _PARTS.get(dtype, dtype)
+    if dtype in TOLERANCES:
+        return TOLERANCES[dtype]
+    if dtype.is_floating_point:  # float8 kinds: as coarse as bfloat16, at least
+        return TOLERANCES[torch.bfloat16]
+    return 0.0
 
 
 class MobileOptimizerType(enum.Enum):
@@ -52,6 +87,20 @@ class MobileOptimizerType(enum.Enum):
     SLICE_SELECTIONS = "slice_selections"
     RESHAPE_VIEWS = "reshape_views"
     SCALARS_AS_CONSTANTS = "scalars_as_constants"
+    REMOVE_EXPANDS = "remove_expands"
+    MATMUL_AS_BMM = "matmul_as_bmm"
+    DECOMPOSE_GROUP_NORM = "decompose_group_norm"
+    UPSAMPLE_NEAREST_AS_CONV_TRANSPOSE = "upsample_nearest_as_conv_transpose"
+    DECOMPOSE_MEAN = "decompose_mean"
+    DECOMPOSE_TANH_GELU = "decompose_tanh_gelu"
+    FOLD_CONSTANT_SUBGRAPHS = "fold_constant_subgraphs"
+    ROLL_AS_SLICES = "roll_as_slices"
+    PAD_AS_SLICES = "pad_as_slices"
+    STRIDED_SLICES = "strided_slices"
+    SOFTMAX_OVER_LAST_DIM = "softmax_over_last_dim"
+    POW_AS_PRODUCTS = "pow_as_products"
+    REMOVE_LAYOUT_COPIES = "remove_layout_copies"
+    # (the export stage's decompose_batchnorm is DECOMPOSE_BATCHNORM: the same rewrite)
 
 
 UNKNOWN_BACKEND = "Unknown backend, must be one of 'CPU', 'Vulkan' or 'Metal'"
@@ -102,7 +151,7 @@ class Options:
     auto_leaf: bool = True
     eval_copy: bool = False
     channels_last: bool = False
-    tolerance: float = DEFAULT_TOLERANCE
+    tolerance: float | None = None  # None: by each output's dtype (tolerance_for)
     check: Check = Check.RAISE
 
     @property
@@ -127,7 +176,7 @@ def make_options(
     auto_leaf: bool = True,
     eval_copy: bool = False,
     channels_last: bool | None = None,
-    tolerance: float = DEFAULT_TOLERANCE,
+    tolerance: float | None = None,
     check: Check | str = Check.RAISE,
 ) -> Options:
     """Check every argument and return them as one ``Options``.
@@ -231,12 +280,15 @@ def as_input_tuple(example_inputs: object) -> tuple[Any, ...]:
     return inputs
 
 
-def _tolerance(tolerance: object) -> float:
-    """A number (TypeError otherwise) that is finite-or-infinite, not NaN and not negative."""
+def _tolerance(tolerance: object) -> float | None:
+    """None (each output's dtype picks its tolerance), or a number (TypeError otherwise) that is
+    finite-or-infinite, not NaN and not negative."""
+    if tolerance is None:
+        return None
     if isinstance(tolerance, bool) or not isinstance(tolerance, float | int):
         raise InvalidArgumentError(
-            f"tolerance must be a non-negative number (relative error, e.g. 1e-4), got "
-            f"{type(tolerance).__name__} {tolerance!r}"
+            f"tolerance must be a non-negative number (relative error, e.g. 1e-4) or None (by "
+            f"each output's dtype), got {type(tolerance).__name__} {tolerance!r}"
         )
     if math.isnan(tolerance) or tolerance < 0:
         raise InvalidValueError(

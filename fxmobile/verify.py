@@ -15,9 +15,10 @@ pass by pass on the same inputs; ``check="warn"`` returns the module with a warn
 
 from __future__ import annotations
 
+import contextlib
 import io
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -26,7 +27,7 @@ from torch.utils import _pytree as pytree
 
 from fxmobile.errors import InputWriteError, InvalidValueError, NumericalMismatchError, user_frame
 from fxmobile.infra import Observer
-from fxmobile.options import Check
+from fxmobile.options import Check, tolerance_for
 from fxmobile.report.records import OutputCheck, Report
 
 
@@ -93,8 +94,21 @@ def reference_outputs(
         ) from exc
 
 
-def compare_outputs(reference: object, actual: object, tolerance: float) -> list[OutputCheck]:
-    """One ``OutputCheck`` per tensor leaf of ``reference``; structures must match."""
+@contextlib.contextmanager
+def seeded(seed: int = 0) -> Iterator[None]:
+    """Torch's random generator seeded with ``seed`` inside, and as it was after: eager's
+    reference and the optimized module draw the same numbers, and the caller's draws are
+    not disturbed."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def compare_outputs(
+    reference: object, actual: object, tolerance: float | None
+) -> list[OutputCheck]:
+    """One ``OutputCheck`` per tensor leaf of ``reference``; structures must match. A
+    ``tolerance`` of None is each output's dtype's (``fxmobile.options.tolerance_for``)."""
     ref_leaves, ref_spec = pytree.tree_flatten_with_path(reference)
     act_leaves, act_spec = pytree.tree_flatten_with_path(actual)
     if [p for p, _ in ref_leaves] != [p for p, _ in act_leaves]:
@@ -119,7 +133,7 @@ def compare_outputs(reference: object, actual: object, tolerance: float) -> list
                 path=pytree.keystr(path) or "output",
                 max_abs_error=error,
                 reference_scale=scale,
-                tolerance=tolerance,
+                tolerance=tolerance_for(ref.dtype) if tolerance is None else tolerance,
             )
         )
     return checks
@@ -195,16 +209,22 @@ def run_calls(model: Callable[..., Any], inputs: tuple[Any, ...], calls: int = 1
 
 
 def divergence_observer(
-    expected: Any, inputs: tuple[Any, ...], tolerance: float, stage: str, calls: int = 1
+    expected: Any,
+    inputs: tuple[Any, ...],
+    tolerance: float | None,
+    stage: str,
+    calls: int = 1,
+    run: Callable[[Any, tuple[Any, ...], int], Any] = lambda unit, i, n: run_calls(unit, i, n),
 ) -> Observer:
     """An observer for a pipeline re-run that stops at the first pass whose unit, run on
-    ``inputs`` (``calls`` times), no longer matches ``expected``."""
+    ``inputs`` (``calls`` times, by ``run``: the gate's, which seeds and keeps state), no
+    longer matches ``expected``."""
 
     def observe(name: str, unit: object) -> None:
         step = f"{stage} pass {name!r}"
         try:
             runnable = _fresh(unit) if isinstance(unit, torch.jit.ScriptModule) else unit
-            actual = run_calls(runnable, inputs, calls)  # type: ignore[arg-type]
+            actual = run(runnable, inputs, calls)
             checks = compare_outputs(expected, actual, tolerance)
         except Exception as exc:
             raise _DivergedError(step, f"fails to run ({type(exc).__name__}: {exc})") from exc

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 import fxmobile
 from fxmobile import Backend, MobileOptimizerType
-from fxmobile.script.scripting import quietly_script
+from fxmobile.script.quiet_script import quietly_script
 from fxmobile.timing import interleaved_medians
 from fxmobile.verify import run_model
 from model_zoo_checks.guard import GuardError, run_json_guarded

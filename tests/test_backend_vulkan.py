@@ -25,7 +25,7 @@ from fxmobile import MobileOptimizerType
 from fxmobile.backends.library import OpFamily, ensure_registered
 from fxmobile.script.graph_utils import iter_nodes, op_histogram
 from fxmobile.script.jit_passes import jit
-from fxmobile.script.scripting import quietly_script
+from fxmobile.script.quiet_script import quietly_script
 from tests.helpers import assert_equivalent, randomize_batchnorm
 from tests.models import DynamicWeight, Recurrent, TwoInputs
 

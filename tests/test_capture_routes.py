@@ -4,6 +4,7 @@ happens to it now (``fxmobile.capture.tracing``, ``fxmobile.capture.shapes``).""
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -78,9 +79,19 @@ class IteratedChunks(nn.Module):
 SHAPE_AWARE = {
     "shape_arithmetic": (ShapeArithmetic, (X,)),
     "var_args": (VarArgs, (X, torch.randn(2))),
-    "optional_arguments": (OptionalArguments, (X,)),
     "iterated_chunks": (IteratedChunks, (X,)),
 }
+
+
+def test_optional_arguments_left_at_none_are_specialized_away_on_the_plain_route() -> None:
+    model = randomize_batchnorm(OptionalArguments()).eval()
+    for result in (fxmobile.optimize_fx(model, (X,)), fxmobile.optimize(model, example_inputs=X)):
+        assert result.report.route == "torch.fx"
+        assert any(
+            n.startswith("mask, return_dict left at their default None: specialized away")
+            for n in result.report.notes
+        )
+    assert_equivalent(model, fxmobile.optimize(model, example_inputs=X).module, X)
 
 
 @pytest.mark.parametrize("idiom", SHAPE_AWARE)
@@ -183,9 +194,13 @@ class Counter(nn.Module):
         return x * self.calls
 
 
-def test_state_that_changes_every_call_is_caught_by_the_two_call_check() -> None:
-    with pytest.raises(fxmobile.NumericalMismatchError, match=r"\[1\]"):
-        fxmobile.optimize(Counter().eval(), example_inputs=X)
+def test_state_that_changes_every_call_is_kept_and_starts_where_the_callers_does() -> None:
+    model = Counter().eval()
+    result = fxmobile.optimize(model, example_inputs=X)
+    assert model.calls.item() == 0, "the caller's model was run"
+    reference = copy.deepcopy(model)
+    for _ in range(3):  # the same output call after call: 1x, 2x, 3x
+        torch.testing.assert_close(result.module(X), reference(X))
 
 
 class DataDependent(nn.Module):

@@ -14,7 +14,7 @@ from torch import fx, nn
 
 from fxmobile.passes.inline_modules import INLINERS, InlineModules, inline_leaf_modules
 from fxmobile.passes.stage import FxContext
-from fxmobile.script.scripting import quietly_script
+from fxmobile.script.quiet_script import quietly_script
 from tests.helpers import count_calls, trace_keeping
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.ao.quantization as tq
 from torch import nn
 from torch.jit.mobile import _load_for_lite_interpreter
 from torchvision.models.mobilenetv3 import MobileNetV3, _mobilenet_v3_conf
@@ -182,6 +183,64 @@ def test_issue_52463_optimized_model_runs_many_times() -> None:
     for batch in (1, 2, 1, 3):
         x = torch.randn(batch, 3, 32, 32, generator=gen)
         assert_equivalent(model, result.module, x, rel=1e-4)
+
+
+class ConvBn(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.bn = nn.BatchNorm2d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.bn(self.conv(x)))
+
+
+def test_optimize_for_mobile_freezes_a_training_batchnorm_inside_an_eval_scriptmodule() -> None:
+    """Upstream's optimize_for_mobile on a ScriptModule in eval whose BatchNorm was put back in
+    training (``model.eval(); model.bn.train()``) folds the running statistics into the conv:
+    the module normalizes with batch statistics, the optimized one with running ones (off by
+    34-40% in issue 24), and without example inputs nothing tells. fxmobile refuses it as it
+    refuses the eager model (``TrainingModeError``, naming ``bn``), with or without example
+    inputs; ``eval_copy=True`` optimizes an eval-mode copy, checked against eager in eval."""
+    torch.manual_seed(0)
+    scripted = torch.jit.script(randomize_batchnorm(ConvBn()).eval())
+    scripted.bn.train()
+    before = {k: v.clone() for k, v in scripted.state_dict().items()}
+    x = torch.randn(4, 3, 8, 8)
+    with torch.no_grad():
+        batch_stats = copy.deepcopy(scripted)(x)  # a training BN updates its statistics
+        running_stats = copy.deepcopy(scripted).eval()(x)
+    off = float((batch_stats - running_stats).abs().max() / batch_stats.abs().max())
+    assert off > 0.1, "the two modes must differ for the refusal to matter"
+    with pytest.raises(fxmobile.TrainingModeError, match=r"1 submodules.*: bn\).*model\.eval"):
+        fxmobile.optimize_for_mobile(scripted)
+    with pytest.raises(fxmobile.TrainingModeError, match="eval_copy=True"):
+        fxmobile.optimize(scripted, example_inputs=x)
+    result = fxmobile.optimize(scripted, example_inputs=x, eval_copy=True)
+    assert result.report.numerics_passed
+    with torch.no_grad():
+        torch.testing.assert_close(result.module(x), running_stats, rtol=1e-4, atol=1e-4)
+    assert scripted.bn.training and not scripted.training, "the caller's modes are left alone"
+    for key, value in scripted.state_dict().items():
+        assert torch.equal(value, before[key]), f"{key} of the caller's module changed"
+
+
+def test_a_scriptmodule_whose_pickling_methods_read_training_is_not_refused() -> None:
+    """torch.ao's quantized convolutions save ``training`` in ``__getstate__`` and come out of
+    ``convert`` in training mode: their forward never reads it, so the refusal above must not
+    take them for a module that computes something else in training mode."""
+    torch.backends.quantized.engine = "qnnpack"
+    model = tq.QuantWrapper(nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())).eval()
+    model.qconfig = tq.get_default_qconfig("qnnpack")
+    tq.prepare(model, inplace=True)
+    x = torch.randn(1, 3, 8, 8)
+    with torch.no_grad():
+        model(x)
+    tq.convert(model, inplace=True)
+    scripted = torch.jit.script(model)
+    assert any(m.training for m in scripted.modules()), "convert makes training submodules"
+    result = fxmobile.optimize(scripted, example_inputs=x)
+    assert torch.equal(result.module(x), scripted(x))
 
 
 # ---------------------------------------------------------------- every optimized model

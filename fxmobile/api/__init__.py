@@ -28,10 +28,9 @@ from fxmobile.api import gate, program_flow, script_flow
 from fxmobile.api.fx_flow import Clock, Observe, fx_stage
 from fxmobile.api.results import FxResult, MobileResult, ProgramResult, lite_file
 from fxmobile.capture import admit
-from fxmobile.capture.checks import check_tensors
+from fxmobile.capture.checks import admit_script_module
 from fxmobile.errors import InvalidArgumentError, InvalidValueError
 from fxmobile.options import (
-    DEFAULT_TOLERANCE,
     Backend,
     BlocklistItem,
     Check,
@@ -98,7 +97,7 @@ def optimize_fx(
     auto_leaf: bool = True,
     eval_copy: bool = False,
     channels_last: bool = False,
-    tolerance: float = DEFAULT_TOLERANCE,
+    tolerance: float | None = None,
     check: Check | str = Check.RAISE,
 ) -> FxResult:
     """Trace a copy of ``model`` and run fxmobile's FX passes on it.
@@ -106,7 +105,10 @@ def optimize_fx(
     ``model`` is never modified. ``example_inputs`` (a tensor or a tuple of inputs) enables the
     passes that need shapes and a numerical check of the result against eager, in
     ``result.report.numerics``; ``check`` says what a mismatch does ("raise", the default:
-    ``NumericalMismatchError``; "warn"; "off": no check). ``blocklist`` takes
+    ``NumericalMismatchError``; "warn"; "off": no check). ``tolerance`` is the largest error
+    allowed, relative to the largest magnitude of eager's output, for every output; ``None``
+    (the default) picks it by each output's dtype, as torch.testing does
+    (``fxmobile.options.tolerance_for``). ``blocklist`` takes
     ``fxmobile.MobileOptimizerType`` members (or upstream's ``torch._C._MobileOptimizerType``
     members) to switch passes off.
     """
@@ -147,7 +149,7 @@ def optimize(  # type: ignore[overload-overlap]  # "executorch" is a str: the fi
     auto_leaf: bool = True,
     eval_copy: bool = False,
     channels_last: bool | None = None,
-    tolerance: float = DEFAULT_TOLERANCE,
+    tolerance: float | None = None,
     check: Check | str = Check.RAISE,
     target_runtime: Literal["executorch"],
 ) -> ProgramResult: ...
@@ -166,7 +168,7 @@ def optimize(
     auto_leaf: bool = True,
     eval_copy: bool = False,
     channels_last: bool | None = None,
-    tolerance: float = DEFAULT_TOLERANCE,
+    tolerance: float | None = None,
     check: Check | str = Check.RAISE,
     target_runtime: str | None = None,
 ) -> MobileResult: ...
@@ -185,7 +187,7 @@ def optimize(
     auto_leaf: bool = True,
     eval_copy: bool = False,
     channels_last: bool | None = None,
-    tolerance: float = DEFAULT_TOLERANCE,
+    tolerance: float | None = None,
     check: Check | str = Check.RAISE,
     target_runtime: str | None = None,
 ) -> MobileResult | ProgramResult:
@@ -237,7 +239,7 @@ def optimize(
         check=check,
     )
     if isinstance(module, torch.jit.ScriptModule):
-        check_tensors(module)
+        admit_script_module(module, options)
     else:
         admit(module, options, needs_forward=not options.preserved_methods)
     clock = Clock()

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import fx, nn
 
 from fxmobile.capture import capture
+from fxmobile.capture.state import state_kept
 from fxmobile.infra import Observer, PassManager
 from fxmobile.options import Options
 from fxmobile.passes.pipeline import fx_pipeline
@@ -50,9 +53,10 @@ def fx_stage(
     for_script: bool = False,
     observe: Observe | None = None,
 ) -> tuple[fx.GraphModule, Report, Any]:
-    """Capture and the FX passes; the graph module, its report and eager's outputs (None
-    without a check, or in a re-run: ``observe`` set)."""
-    with phase("capture"):
+    """Capture and the FX passes; the graph module, its report and eager's outputs on each input
+    set the gate checks (a ``Reference``; None without a check, or in a re-run: ``observe``
+    set)."""
+    with phase("capture"), rng_kept():
         captured = capture(model, options)
     inputs = options.example_inputs
     expected = captured.reference if observe is None else None
@@ -66,7 +70,16 @@ def fx_stage(
     manager = PassManager(
         passes, FxStage(inputs), FxContext(inputs), options.blocklist, observer=observer
     )
-    with phase("FX passes"):
+    # shape propagation and the passes' own checks run the graph: leaves that keep state
+    # (a counter) end as the caller's model has it
+    with phase("FX passes"), state_kept(captured.graph_module, model), rng_kept():
         gm, records = manager.run(captured.graph_module)
     report.passes.extend(records)
     return gm, report, expected
+
+
+def rng_kept() -> contextlib.AbstractContextManager[object]:
+    """Torch's random generator as it was after what runs inside: fxmobile's own runs of a
+    model that draws random numbers (shape propagation, a trace, probes) do not advance the
+    caller's draws."""
+    return torch.random.fork_rng(devices=[])

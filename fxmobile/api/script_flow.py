@@ -9,17 +9,20 @@ TorchScript stage: a clone in eval mode is frozen, rewritten for the backend and
 from __future__ import annotations
 
 import copy
+import weakref
 from typing import Any
 
 import torch
 from torch import nn
 
-from fxmobile.api.fx_flow import Clock, Observe, fx_stage
+from fxmobile.api.fx_flow import Clock, Observe, fx_stage, rng_kept
 from fxmobile.api.results import file_facts, lite_file
 from fxmobile.backends.library import ensure_registered
 from fxmobile.backends.registry import backend_spec
 from fxmobile.capture.checks import deep_copy, eager_arguments, has_forward
 from fxmobile.capture.hooks import fallback_hook_records
+from fxmobile.capture.reference import Reference, eager_reference
+from fxmobile.capture.state import match_caller
 from fxmobile.errors import CaptureError, RefusedError
 from fxmobile.infra import PassManager
 from fxmobile.options import MobileOptimizerType, Options
@@ -36,20 +39,21 @@ from fxmobile.script.scripting import (
     to_torchscript,
 )
 from fxmobile.script.stage import ScriptContext, ScriptStage
-from fxmobile.verify import reference_outputs
 
 
 def to_script(
     module: nn.Module, options: Options, clock: Clock, observe: Observe | None = None
 ) -> tuple[torch.jit.ScriptModule, Report, Any]:
     """The module as TorchScript for the TorchScript stage, the report so far, and the
-    unoptimized model's outputs (None without a check, or in a re-run)."""
+    unoptimized model's outputs on each input set the gate checks (a ``Reference``; None
+    without a check, or in a re-run)."""
     if isinstance(module, torch.jit.ScriptModule):
         report = Report(model_name=str(module.original_name))
         # copies of the caller's state: eval() and the passes must not reach it, and the
-        # reference runs on a copy of its own (a forward may write its buffers)
+        # reference runs on a copy of its own (a forward may write its buffers), in eval mode
+        # as the optimized module is (admission refused a module whose forward depends on it)
         scripted = clone_script_module(module)
-        reference: Any = clone_script_module(module)
+        reference: Any = clone_script_module(module).eval()
     elif options.preserved_methods or not has_forward(module):
         reference = deep_copy(module).eval()
         # torch.fx traces forward only; exported methods need the scripted original.
@@ -68,23 +72,45 @@ def to_script(
             raise
         except CaptureError as declined:
             return _fallback(module, options, clock, declined, observe)
-        with phase("scripting"):
+        with phase("scripting"), rng_kept():
             scripted, note = to_torchscript(gm, options.example_inputs)
         if note:
             report.notes.append(note)
         if observe is not None:
             observe("script")("torchscript", scripted)
-        return scripted, report, expected
+        return _made_from(scripted, module), report, expected
     report.route = "TorchScript input"
     expected = None
     if options.checks and observe is None and has_method(scripted, "forward"):
-        args, kwargs = eager_arguments(
-            reference, options.example_inputs or (), options.specialized_args
-        )
-        expected, _ = clock.check(
-            lambda: reference_outputs(reference, report.model_name, args, kwargs)
-        )
-    return scripted, report, expected
+        expected = _eager_reference(reference, module, options, clock)
+    return _made_from(scripted, module), report, expected
+
+
+def _eager_reference(
+    reference: nn.Module, caller: nn.Module, options: Options, clock: Clock, calls: int = 1
+) -> Reference:
+    """Eager's outputs on each input set the gate checks, on ``reference`` (a copy of
+    ``caller``), counted as checking time."""
+    inputs = options.example_inputs
+    assert inputs is not None  # options.checks
+
+    def arguments(inputs: tuple[Any, ...]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return eager_arguments(reference, inputs, options.specialized_args)
+
+    found: Reference = clock.check(
+        lambda: eager_reference(reference, caller, inputs, arguments, calls)[0]
+    )
+    return found
+
+
+# The caller's model of each module ``to_script`` made: ``script_stage`` sets the state
+# fxmobile's runs changed (a trace, the probes) back from it (``fxmobile.capture.state``).
+_CALLERS: weakref.WeakKeyDictionary[torch.jit.ScriptModule, nn.Module] = weakref.WeakKeyDictionary()
+
+
+def _made_from(scripted: torch.jit.ScriptModule, caller: nn.Module) -> torch.jit.ScriptModule:
+    _CALLERS[scripted] = caller
+    return scripted
 
 
 def _fallback(
@@ -99,7 +125,7 @@ def _fallback(
     The reference is two calls of a fresh copy, and the check runs the result twice: a model
     whose output depends on state kept between calls (which tracing bakes in) then differs.
     """
-    with phase("torch.jit.trace / torch.jit.script"):
+    with phase("torch.jit.trace / torch.jit.script"), rng_kept():
         fallback = fallback_to_torchscript(module, options.example_inputs)
     report = Report(model_name=type(module).__name__, route=fallback.route)
     report.hooks = fallback_hook_records(module, fallback.route)
@@ -107,17 +133,10 @@ def _fallback(
     report.notes.extend(fallback.notes)
     expected = None
     if options.checks and observe is None:
-        reference = deep_copy(module).eval()
-        args, kwargs = eager_arguments(
-            reference, options.example_inputs or (), options.specialized_args
-        )
-        name = type(module).__name__
-        expected = clock.check(
-            lambda: tuple(reference_outputs(reference, name, args, kwargs)[0] for _ in range(2))
-        )
+        expected = _eager_reference(deep_copy(module).eval(), module, options, clock, calls=2)
     if observe is not None:
         observe("script")(fallback.route, fallback.module)
-    return fallback.module, report, expected
+    return _made_from(fallback.module, module), report, expected
 
 
 def script_stage(
@@ -147,11 +166,14 @@ def script_stage(
     report.ops_before = dict(op_histogram(scripted, methods))
     observer = observe("script") if observe else None
     manager = PassManager(spec.passes(), ScriptStage(ctx), ctx, blocked, observer=observer)
-    with phase("TorchScript passes"):
+    with phase("TorchScript passes"), rng_kept():
         optimized, records = manager.run(scripted)
     for name, value in spec.markers.items():
         optimized._c._register_attribute(name, torch._C.BoolType.get(), value)
     report.passes.extend(records)
+    caller = _CALLERS.get(scripted)
+    if caller is not None:  # what a trace or a probe ran advanced, set back
+        match_caller(optimized, caller)
     report.ops_after = dict(op_histogram(optimized, methods))
     report.unfused_ops = dict(unfused_ops(optimized, methods))
     report.measure_file_with(lambda: file_facts(lite_file(optimized, target_runtime)))

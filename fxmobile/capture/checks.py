@@ -11,6 +11,7 @@ import copy
 import difflib
 import dis
 import functools
+import importlib
 import inspect
 import types
 from collections.abc import Iterable, Mapping, Sequence
@@ -178,16 +179,73 @@ def require_eval(model: nn.Module, eval_copy: bool) -> list[str]:
     them) unless ``eval_copy`` is set."""
     training = training_submodules(model)
     if training and not eval_copy:
-        shown = ", ".join(training[:8])
-        if len(training) > 8:
-            shown += f" and {len(training) - 8} more"
-        raise TrainingModeError(
-            f"{type(model).__name__} is in training mode ({len(training)} submodules whose "
-            f"forward depends on it: {shown}); mobile optimization folds inference-time "
-            f"constants and needs eval mode. Call model.eval() first, or pass eval_copy=True to "
-            f"optimize an eval-mode copy."
-        )
+        raise _training_error(type(model).__name__, training)
     return training
+
+
+def _training_error(name: str, training: list[str]) -> TrainingModeError:
+    shown = ", ".join(training[:8])
+    if len(training) > 8:
+        shown += f" and {len(training) - 8} more"
+    return TrainingModeError(
+        f"{name} is in training mode ({len(training)} submodules whose forward depends on it: "
+        f"{shown}); mobile optimization folds inference-time constants and needs eval mode. "
+        f"Call model.eval() first, or pass eval_copy=True to optimize an eval-mode copy."
+    )
+
+
+def admit_script_module(module: torch.jit.ScriptModule, options: Options) -> list[str]:
+    """Every refusal of a ``ScriptModule``, at the door: weights fxmobile cannot fold, and
+    submodules still training whose forward depends on it (freezing would fold the running
+    statistics a training BatchNorm does not use, silently: upstream's optimize_for_mobile
+    does), unless ``options.eval_copy``. The training submodules."""
+    check_tensors(module)
+    training = script_training_submodules(module)
+    if training and not options.eval_copy:
+        raise _training_error(str(module.original_name), training)
+    return training
+
+
+def script_training_submodules(module: torch.jit.ScriptModule) -> list[str]:
+    """``training_submodules`` for a ``ScriptModule``: those in training mode whose methods
+    read ``self.training`` (BatchNorm, dropout, a user's module) or whose class is one of the
+    kinds that compute something else in training mode."""
+    return [
+        name or "<root>"
+        for name, m in module.named_modules()
+        if m.training and (_script_reads_training(m) or _script_kind_trains(m))
+    ]
+
+
+# A ScriptModule's pickling methods save and restore ``training`` with the rest of its state
+# (torch.ao's quantized convolutions do): reading it there computes nothing.
+_PICKLING = frozenset({"__getstate__", "__setstate__"})
+
+
+def _script_reads_training(module: torch.jit.ScriptModule) -> bool:
+    """Whether a method of ``module`` other than its pickling ones reads its ``training``
+    attribute (``prim::GetAttr``)."""
+    for method in set(module._c._method_names()) - _PICKLING:
+        graph = module._c._get_method(method).graph
+        if any(n.s("name") == "training" for n in graph.findAllNodes("prim::GetAttr")):
+            return True
+    return False
+
+
+def _script_kind_trains(module: torch.jit.ScriptModule) -> bool:
+    """Whether the Python class ``module`` was compiled from is one of ``_TRAINING_KINDS``
+    (its TorchScript name is the class's, with ``__torch__.`` and mangling added)."""
+    qualified = module._c._type().qualified_name()
+    parts = [p for p in qualified.split(".") if p != "__torch__" and not p.startswith("___torch")]
+    for split in range(len(parts) - 1, 0, -1):
+        try:
+            owner: Any = importlib.import_module(".".join(parts[:split]))
+            for attribute in parts[split:]:
+                owner = getattr(owner, attribute)
+        except (ImportError, AttributeError):
+            continue
+        return isinstance(owner, type) and issubclass(owner, _TRAINING_KINDS)
+    return False
 
 
 def check_module(model: object) -> None:

@@ -8,11 +8,13 @@
 3. **automatic leaves** (``auto_leaf=True``, the default): the submodule that failed becomes an
    opaque leaf, and again, until the top-level forward traces.
 
-Each route declined is remembered with why, for the report. Hooks traced into the graph
-(``fxmobile.capture.hooks``) run in every route, and in every route item assignment
-(``y[:, 0] = c``, which ``torch.fx``'s proxies refuse) is recorded as an ``operator.setitem``
-node: a write every pass sees (``fxmobile.ops`` reads it as ``index_put_``), and TorchScript
-compiles as the same assignment.
+Each route declined is remembered with why, for the report. In every route, torch's random
+functions record graph nodes and seed calls are refused (``fxmobile.capture.random_calls``); a
+refusal (``RefusedError``) ends the search, since no other route can take the model either.
+Hooks traced into the graph (``fxmobile.capture.hooks``) run in every route, and in every route
+item assignment (``y[:, 0] = c``, which ``torch.fx``'s proxies refuse) is recorded as an
+``operator.setitem`` node: a write every pass sees (``fxmobile.ops`` reads it as
+``index_put_``), and TorchScript compiles as the same assignment.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from torch import fx, nn
 
 from fxmobile.capture.hook_watch import watch_hook_registration
 from fxmobile.capture.hooks import RootHooks, run_forward_hooks, run_pre_hooks
+from fxmobile.capture.random_calls import recording_random_calls
 from fxmobile.capture.shapes import RootForward, ShapedProxy, ShapeTracer, parameter_inputs
-from fxmobile.errors import innermost_user_frame
+from fxmobile.errors import RefusedError, innermost_user_frame
 from fxmobile.options import Options
 
 
@@ -73,6 +76,10 @@ class Tracer(fx.Tracer):
         # the user's source line of each node, by node name (only to explain a refusal)
         self.record_frames = record_frames
         self.frames: dict[str, str] = {}
+
+    def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> fx.Graph:
+        with recording_random_calls(self):
+            return super().trace(root, concrete_args)
 
     def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
         node = super().create_node(*args, **kwargs)
@@ -185,6 +192,8 @@ def trace_model(
         try:
             with _undone_on_failure(model):
                 traced = _trace_once(model, options, tracer, concrete, traced_hooks)
+        except RefusedError:
+            raise
         except Exception as exc:
             declined.append(f"{_route(use_shapes)} tracing failed: {_first_line(exc)}")
             last = (exc, tracer.failed_path)
@@ -197,6 +206,8 @@ def trace_model(
         try:
             with _undone_on_failure(model):
                 traced = _trace_once(model, options, tracer, concrete, traced_hooks)
+        except RefusedError:
+            raise
         except Exception as exc:
             path = tracer.failed_path
             last = (exc, path)

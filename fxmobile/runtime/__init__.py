@@ -1,6 +1,6 @@
 """Reference runtimes: real torch releases that run fxmobile's files as apps do.
 
-See the README's "Reference runtimes". ``make runtimes`` installs them under ``.runtimes/``;
+See docs/pages/runtimes.md. ``make runtimes`` installs them under ``.runtimes/``;
 ``RuntimeProcess`` runs one in a child process of its venv; ``check_on_runtimes`` compares a
 file's outputs there, ``compare_latency`` times candidates across processes, ``against_upstream``
 does both against upstream's ``optimize_for_mobile``, and ``file_compatibility`` /

@@ -46,7 +46,7 @@ class RuntimeSpec:
 
     version: str  # torch's version, and the name users pass (--runtime 1.13.1)
     requirements: tuple[str, ...]
-    role: str  # why it is a reference: shown by the CLI and the README
+    role: str  # why it is a reference: shown by the CLI and the docs
     disk_gib: float  # the finished venv on disk, measured (its stamp's bytes)
     # Measured on the installed runtime (fxmobile/runtime/measure.py; tests/test_runtime_compat.py
     # fails when a figure here stops matching what the runtime says):

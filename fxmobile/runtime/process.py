@@ -8,7 +8,7 @@ fxmobile, each child one reference torch.
 The child runs with ``threads`` intra-op threads (``torch.set_num_threads`` and
 ``OMP_NUM_THREADS``/``MKL_NUM_THREADS``) and ``OMP_WAIT_POLICY`` from this process's
 environment, ``PASSIVE`` when unset: spinning OpenMP threads made 2-thread timings on a shared
-2-core machine swing several-fold (see the README's benchmark notes). It dies with this process:
+2-core machine swing several-fold (see docs/pages/performance.md). It dies with this process:
 Linux kills it when the thread that started it ends (``PR_SET_PDEATHSIG``, set only when that
 thread is the main thread), a watchdog thread in it exits once it is orphaned, and it exits when
 its request pipe closes.
@@ -65,8 +65,8 @@ def require_installed(version: str, runtimes_dir: Path | None = None) -> Path:
         raise RuntimeNotInstalledError(
             f"reference runtime torch {version} is not installed (no finished install in "
             f"{where}); run `make runtimes` at the top of the fxmobile checkout (one venv per "
-            f"runtime, a few GiB each; see the README), or point ${install.DIR_VARIABLE} at "
-            f"the folder that holds them"
+            f"runtime, a few GiB each; see docs/pages/runtimes.md), or point "
+            f"${install.DIR_VARIABLE} at the folder that holds them"
         )
     return install.venv_python(spec, runtimes_dir)
 

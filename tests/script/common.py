@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from fxmobile.script.freeze import freeze
-from fxmobile.script.scripting import quietly_script
+from fxmobile.script.quiet_script import quietly_script
 from fxmobile.script.stage import ScriptContext
 
 CTX = ScriptContext(("forward",), ())

@@ -24,7 +24,7 @@ from fxmobile.script.batchnorm import batchnorms as batchnorms_of
 from fxmobile.script.batchnorm import input_ranks
 from fxmobile.script.fold_batchnorm import FoldBatchNorm
 from fxmobile.script.graph_utils import op_histogram
-from fxmobile.script.scripting import quietly_script
+from fxmobile.script.quiet_script import quietly_script
 from tests.helpers import assert_equivalent, randomize_batchnorm
 from tests.script.common import CTX as NO_INPUTS
 from tests.script.common import constant_tensor, frozen, kinds, with_inputs

@@ -18,7 +18,7 @@ import fxmobile
 from fxmobile.errors import InvalidArgumentError
 from fxmobile.script.freeze import freeze
 from fxmobile.script.lints import generate_mobile_module_lints
-from fxmobile.script.scripting import quietly_script
+from fxmobile.script.quiet_script import quietly_script
 
 pytestmark = pytest.mark.filterwarnings("ignore:TypedStorage is deprecated")
 

@@ -16,7 +16,7 @@ from torch import nn
 
 from fxmobile.errors import PassError
 from fxmobile.infra import PassManager, PassResult
-from fxmobile.script.scripting import quietly_script
+from fxmobile.script.quiet_script import quietly_script
 from fxmobile.script.stage import CountingScriptPass, ScriptContext, ScriptPass, ScriptStage
 from tests.script.common import CTX, kinds
 
