@@ -163,6 +163,26 @@ def test_where_torch_fx_declines_torch_export_takes_the_eager_model(
     assert_equivalent(model, result.run, x)
 
 
+class SeedsInForward(nn.Module):
+    """Seeds torch's generator in a forward torch.fx cannot trace (a branch on the layout that
+    computes the same either way), so only torch.export's run of it sees the call."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch.manual_seed(123)
+        if x.is_contiguous():
+            return x + 1
+        return (x + 1).contiguous()
+
+
+def test_a_seed_call_in_forward_is_refused_on_the_export_route_whatever_check_says() -> None:
+    x = torch.randn(1, 3, 4, 4)
+    for check in ("raise", "off"):
+        with pytest.raises(fxmobile.RefusedError, match=r"SeedsInForward.forward calls"):
+            fxmobile.optimize(
+                SeedsInForward(), example_inputs=x, target_runtime="executorch", check=check
+            )
+
+
 @pytest.mark.parametrize(
     ("call", "error", "words"),
     [

@@ -17,9 +17,11 @@ from torch.export import ExportedProgram
 
 from fxmobile.api.fx_flow import Clock, Observe, fx_stage
 from fxmobile.capture.checks import deep_copy, eager_arguments
-from fxmobile.errors import CaptureError, RefusedError
+from fxmobile.capture.layouts import layout_dependence
+from fxmobile.capture.random_calls import refusing_rng_state_calls
+from fxmobile.errors import CaptureError, ExportError, RefusedError
 from fxmobile.executorch import require
-from fxmobile.executorch.export import aten_nodes, export_module, rewritable
+from fxmobile.executorch.export import THE_OTHER_ROUTE, aten_nodes, export_module, rewritable
 from fxmobile.executorch.lower import Lowered, lower
 from fxmobile.executorch.passes.pipeline import export_pipeline
 from fxmobile.executorch.passes.stage import ExportStage
@@ -54,7 +56,7 @@ def to_program(
         graph, report, expected = _eager(module, options, clock, declined, observe)
         nodes = 0
     report.backend = BACKEND
-    with phase("torch.export"):
+    with phase("torch.export"), refusing_rng_state_calls(name):
         exported = _timed_export(graph, inputs, name, report, nodes, "torch.export")
     exported = _export_passes(exported, options, report, observe)
     with phase("lowering to XNNPACK"):
@@ -82,7 +84,19 @@ def _eager(
 ) -> tuple[nn.Module, Report, Any]:
     """The eager model itself for torch.export, where torch.fx could not capture it."""
     copied = deep_copy(module).eval()
-    report = Report(model_name=type(module).__name__, route=EXPORT_ROUTE)
+    name = type(module).__name__
+    # torch.export keeps the branch the example inputs took, and a branch on their memory
+    # layout (`if x.is_contiguous():`) says nothing while it is taken: a program of one branch
+    # is refused for a model whose outputs change with the layout, whatever `check` says
+    variant = layout_dependence(copied, options.example_inputs or (), options.tolerance)
+    if variant is not None:
+        raise ExportError(
+            f"{name} returns other outputs for {variant} than for the example inputs: its "
+            f"forward depends on its inputs' memory layout (a branch on x.is_contiguous() or "
+            f"x.stride()), and an ExecuTorch program holds only the branch the example took. "
+            f"{THE_OTHER_ROUTE}"
+        )
+    report = Report(model_name=name, route=EXPORT_ROUTE)
     report.declined = [f"torch.fx: {declined}"]
     report.notes.append(
         "the FX passes did not run: torch.fx could not capture the model, so torch.export "

@@ -16,7 +16,7 @@ import torch
 from torch import fx, nn
 from torch.export import ExportedProgram
 
-from fxmobile.errors import ExportError
+from fxmobile.errors import ExportError, RefusedError
 
 # What to do instead, when torch.export cannot take a model: the lite-interpreter file is made
 # by routes that take models export cannot (torch.jit.trace, torch.jit.script).
@@ -36,6 +36,8 @@ def export_module(module: nn.Module, inputs: tuple[Any, ...], name: str) -> Expo
             warnings.filterwarnings("ignore", message=".*not a parameter or a buffer.*")
             warnings.filterwarnings("ignore", message=".*was not registered as a buffer.*")
             return torch.export.export(module, inputs, strict=False)
+    except RefusedError:  # fxmobile's own refusal from inside the run (a seed call)
+        raise
     except Exception as exc:
         lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
         reason = lines[0] if lines else type(exc).__name__

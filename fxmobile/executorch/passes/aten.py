@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from fxmobile import ops
 from fxmobile.passes.graph_utils import add_constant
 
 aten = torch.ops.aten
@@ -76,3 +77,92 @@ def scalar(gm: fx.GraphModule, base: str, value: float, like: torch.dtype) -> fx
     without the dtype conversion a bare number costs in the program (an int or a float64
     scalar is converted at run time, on a portable kernel)."""
     return constant(gm, base, torch.tensor([value], dtype=like))
+
+
+def argument(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
+    """``node``'s argument ``name``, given by position ``index`` or by keyword, else
+    ``default``."""
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def input_independent(node: Any) -> bool:
+    """Whether ``node``'s value is the same whatever the model's inputs are: no placeholder
+    among the nodes it is computed from (a parameter, a buffer, a constant, or ops on them)."""
+    if not isinstance(node, fx.Node):
+        return True
+    seen: set[fx.Node] = set()
+    todo = [node]
+    while todo:
+        current = todo.pop()
+        if current.op == "placeholder":
+            return False
+        for source in current.all_input_nodes:
+            if source not in seen:
+                seen.add(source)
+                todo.append(source)
+    return True
+
+
+def reduced_dims(dims: Any, rank: int) -> tuple[int, ...] | None:
+    """The dims a reduction's ``dim`` argument names, non-negative and sorted; every dim for an
+    empty or missing list (ATen's meaning), None when one is out of range."""
+    if dims is None or (isinstance(dims, list | tuple) and len(dims) == 0):
+        return tuple(range(rank))
+    named = [int(d) for d in (dims if isinstance(dims, list | tuple) else [dims])]
+    if any(not -rank <= d < rank for d in named) or rank == 0:
+        return None
+    return tuple(sorted({d + rank if d < 0 else d for d in named}))
+
+
+def operator_facts(target: Any) -> ops.OpInfo | None:
+    """What the ATen operator ``target`` does (``fxmobile.ops``' facts, read from the schemas
+    and tags of its overload packet: whether it writes, draws random numbers, leaves memory
+    uninitialized), or None when ``target`` is no ATen operator."""
+    if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten":
+        return None
+    return ops.aten(target.overloadpacket.__name__)
+
+
+def positive_dim(dim: Any, rank: int) -> int:
+    """``dim`` counted from the front (``-1`` of a rank-4 tensor is 3)."""
+    index = int(dim)
+    return index + rank if index < 0 else index
+
+
+def slice_of(graph: fx.Graph, source: Any, dim: int, start: int, end: int) -> fx.Node:
+    """``source[start:end]`` along ``dim``, step 1 (the slice XNNPACK takes), at the graph's
+    insertion point."""
+    return call(graph, aten.slice.Tensor, source, dim, start, end, 1)
+
+
+def replace_with(node: fx.Node, value: fx.Node) -> None:
+    """Route ``node``'s users to ``value``, which computes the same tensor, and erase ``node``.
+    ``value`` takes what ``node``'s record says that its own does not (shape, dtype, source
+    line): a later node the same pass rewrites still knows its input's shape."""
+    for key, found in node.meta.items():
+        value.meta.setdefault(key, found)
+    node.replace_all_uses_with(value)
+    node.graph.erase_node(node)
+
+
+def contiguous(node: Any) -> bool | None:
+    """Whether ``node``'s tensor is laid out row-major (strides of size-1 dims aside), as
+    recorded when the example inputs ran; None when unknown. Export's decompositions follow
+    the strides: a permuted tensor is not contiguous, and some decompose differently for it."""
+    found = tensor(node)
+    strides = getattr(found, "stride", None)
+    if found is None or strides is None:
+        return None
+    strides = strides() if callable(strides) else strides
+    try:
+        sizes, steps = [int(d) for d in found.shape], [int(s) for s in strides]
+    except TypeError:  # symbolic
+        return None
+    expected = 1
+    for size, step in zip(reversed(sizes), reversed(steps), strict=True):
+        if size != 1 and step != expected:
+            return False
+        expected *= size
+    return True

@@ -1,23 +1,64 @@
-"""The order of the passes on the exported ATen graph: one tuple, in one place.
+"""The order of the passes on the exported graph: one tuple, in one place.
 
-Attention first: its decomposition makes the reshapes and constants the later passes tidy.
-Then LayerNorm, then the selections and shape-only views (attention's unbind of q, k and v
-among them), and last the numbers of arithmetic, once every pass that adds arithmetic has run.
+Constant subgraphs first: Swin's shifted-window masks and relative-position gathers become
+buffers, so the attention after them has a constant mask. Then attention: its decomposition,
+and hand-written attention's matmuls after it, make the batched matmuls, reshapes and constants
+the later passes tidy. Then what computes numbers in ops XNNPACK declines or gets wrong:
+LayerNorm, GroupNorm, a BatchNorm no conv takes, means and sums, the tanh GELU, a softmax over
+an inner dim, small integer powers, nearest upsampling. Then the ops that only move data:
+rolls, reflect and replicate pads, strided slices, selections, broadcasts, layout copies and
+shape-only views (attention's unbind of q, k and v among them; a no-op expand is a view, a real
+one a broadcast). Last the numbers of arithmetic, once every pass that adds arithmetic has run.
+
+No pass here makes a candidate for an earlier one: none emits a subgraph of constants only,
+attention, a norm, a reduction XNNPACK declines, a GELU, a softmax, a power, an upsampling, a
+roll, a pad other than a constant one, a strided slice, a selection, an expand or a layout
+copy. So one run in this order leaves nothing the pipeline would still rewrite.
 """
 
 from __future__ import annotations
 
+from fxmobile.executorch.passes.decompose_batchnorm import DecomposeBatchNorm
+from fxmobile.executorch.passes.decompose_group_norm import DecomposeGroupNorm
 from fxmobile.executorch.passes.decompose_layer_norm import DecomposeLayerNorm
+from fxmobile.executorch.passes.decompose_mean import DecomposeMean
 from fxmobile.executorch.passes.decompose_sdpa import DecomposeSdpa
+from fxmobile.executorch.passes.decompose_tanh_gelu import DecomposeTanhGelu
+from fxmobile.executorch.passes.fold_constant_subgraphs import FoldConstantSubgraphs
+from fxmobile.executorch.passes.matmul_as_bmm import MatmulAsBmm
+from fxmobile.executorch.passes.pad_as_slices import PadAsSlices
+from fxmobile.executorch.passes.pow_as_products import PowAsProducts
+from fxmobile.executorch.passes.remove_expands import RemoveExpands
+from fxmobile.executorch.passes.remove_layout_copies import RemoveLayoutCopies
 from fxmobile.executorch.passes.reshape_views import ReshapeViews
+from fxmobile.executorch.passes.roll_as_slices import RollAsSlices
 from fxmobile.executorch.passes.scalars_as_constants import ScalarsAsConstants
 from fxmobile.executorch.passes.slice_selections import SliceSelections
+from fxmobile.executorch.passes.softmax_over_last_dim import SoftmaxOverLastDim
+from fxmobile.executorch.passes.strided_slices import StridedSlices
+from fxmobile.executorch.passes.upsample_nearest_as_conv_transpose import (
+    UpsampleNearestAsConvTranspose,
+)
 from fxmobile.passes.stage import FxPass
 
 EXPORT_PASSES: tuple[type[FxPass], ...] = (
+    FoldConstantSubgraphs,
     DecomposeSdpa,
+    MatmulAsBmm,
     DecomposeLayerNorm,
+    DecomposeGroupNorm,
+    DecomposeBatchNorm,
+    DecomposeMean,
+    DecomposeTanhGelu,
+    SoftmaxOverLastDim,
+    PowAsProducts,
+    UpsampleNearestAsConvTranspose,
+    RollAsSlices,
+    PadAsSlices,
+    StridedSlices,
     SliceSelections,
+    RemoveExpands,
+    RemoveLayoutCopies,
     ReshapeViews,
     ScalarsAsConstants,
 )

@@ -1,0 +1,110 @@
+"""``remove_layout_copies``: copies that only change the memory format, removed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+from fxmobile.executorch.passes.remove_layout_copies import RemoveLayoutCopies
+from tests.export_helpers import aten, exported, program_of, run_pass
+
+pytest.importorskip("executorch", reason="the ExecuTorch extra is not installed")
+
+CL = torch.channels_last
+
+
+class Apply(nn.Module):
+    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)
+
+
+def layout_copies(gm: torch.fx.GraphModule) -> int:
+    """Copies in ``gm`` that set a memory format."""
+    copies = (aten.clone.default, aten._to_copy.default)
+    return sum(
+        1
+        for n in gm.graph.nodes
+        if n.target in copies and n.kwargs.get("memory_format") not in (None, torch.preserve_format)
+    )
+
+
+CASES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    # flatten copies a channels-last tensor into a contiguous one: the output is contiguous
+    "contiguous": lambda x: (x.contiguous(memory_format=CL) * 2.0).flatten(1),
+    "to": lambda x: (x.to(memory_format=CL) * 2.0).flatten(1),
+    "permuted-contiguous": lambda x: x.permute(0, 2, 3, 1).contiguous().sum(-1),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_layout_copy_goes_and_the_values_stay(case: str) -> None:
+    torch.manual_seed(0)
+    model, x = Apply(CASES[case]).eval(), torch.randn(2, 3, 4, 5)
+    gm = exported(model, x)
+    copies = layout_copies(gm)  # flatten's own copy to contiguous among them
+    assert copies >= 1
+    gm, record = run_pass(RemoveLayoutCopies(), gm, x)
+    assert record.rewrites == copies
+    assert layout_copies(gm) == 0
+    assert torch.equal(gm(x), model(x))
+
+
+def test_a_dtype_change_with_the_layout_keeps_the_dtype_change() -> None:
+    model = Apply(lambda x: (x.to(torch.float64, memory_format=CL) * 2.0).flatten(1)).eval()
+    x = torch.randn(2, 3, 4, 5)
+    gm, record = run_pass(RemoveLayoutCopies(), exported(model, x), x)
+    assert record.rewrites == 2  # the cast's layout, and flatten's copy to contiguous
+    assert layout_copies(gm) == 0
+    casts = [n for n in gm.graph.nodes if n.target is aten._to_copy.default]
+    assert [n.kwargs for n in casts] == [{"dtype": torch.float64}]
+    assert gm(x).dtype is torch.float64
+    assert torch.equal(gm(x), model(x))
+
+
+def test_a_copy_the_graph_returns_keeps_its_layout() -> None:
+    model, x = (
+        Apply(lambda x: (x * 2.0).permute(0, 2, 3, 1).contiguous()).eval(),
+        torch.randn(1, 3, 4, 5),
+    )
+    gm, record = run_pass(RemoveLayoutCopies(), exported(model, x), x)
+    reason = "the graph returns it: the program's output keeps the layout eager gives it"
+    assert (record.rewrites, record.skips) == (0, {reason: 1})
+    assert gm(x).is_contiguous()
+
+
+def test_a_channels_last_output_keeps_every_layout_copy() -> None:
+    model = Apply(lambda x: torch.relu(x.contiguous(memory_format=CL)) * 2.0).eval()
+    x = torch.randn(1, 3, 4, 5)
+    gm, record = run_pass(RemoveLayoutCopies(), exported(model, x), x)
+    reason = "the graph returns a torch.channels_last tensor: the program returns it in that layout"
+    assert (record.rewrites, record.skips) == (0, {reason: 1})
+    assert gm(x).is_contiguous(memory_format=CL)
+
+
+class ChannelsLastStem(nn.Module):
+    """A model that makes its activations channels-last inside ``forward``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv(x.contiguous(memory_format=CL))).flatten(1)
+
+
+def test_channels_last_inside_the_model_lowers_to_one_delegate_call() -> None:
+    torch.manual_seed(0)
+    model, x = ChannelsLastStem().eval(), torch.randn(1, 3, 6, 6)
+    before = program_of(exported(model, x), x)
+    assert "dim_order_ops._clone_dim_order" in {p.op for p in before.portable_ops}
+    gm, record = run_pass(RemoveLayoutCopies(), exported(model, x), x)
+    assert record.rewrites == 2  # to channels-last, and flatten's copy back
+    after = program_of(gm, x)
+    assert (after.delegate_calls, after.portable_ops) == (1, ())

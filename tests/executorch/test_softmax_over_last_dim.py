@@ -1,0 +1,87 @@
+"""``softmax_over_last_dim``: a softmax over another dim, moved to the last between permutes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import fx, nn
+
+from fxmobile.executorch.passes.softmax_over_last_dim import SoftmaxOverLastDim, can_move
+from tests.export_helpers import assert_same_nonfinite, aten, count, exported, program_of, run_pass
+from tests.helpers import assert_equivalent
+
+pytest.importorskip("executorch", reason="the ExecuTorch extra is not installed")
+
+
+class Apply(nn.Module):
+    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)
+
+
+def dfl(x: torch.Tensor) -> torch.Tensor:
+    """YOLOv8's distribution focal loss head: a softmax over dim 1 of [b, c, 4, a]."""
+    b, _, a = x.shape
+    return x.view(b, 4, 16, a).transpose(2, 1).softmax(1)
+
+
+CASES: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], tuple[int, ...]]] = {
+    "channels": (lambda x: x.softmax(1), (2, 5, 3, 4)),
+    "first": (lambda x: torch.softmax(x, 0), (6, 5)),
+    "negative": (lambda x: x.softmax(-2), (2, 7, 3)),
+    "dtype": (lambda x: torch.softmax(x, 1, dtype=torch.float64), (2, 5, 3)),
+    "yolo-dfl": (dfl, (1, 64, 10)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_softmax_moves_to_the_last_dim_and_matches_float64(case: str) -> None:
+    fn, shape = CASES[case]
+    torch.manual_seed(0)
+    model, x = Apply(fn).eval(), torch.randn(shape) * 4
+    gm, record = run_pass(SoftmaxOverLastDim(), exported(model, x), x)
+    assert record.rewrites == 1
+    softmax = next(n for n in gm.graph.nodes if n.target is aten.softmax.int)
+    assert softmax.args[1] == -1
+    assert softmax.args[2:] == (() if case != "dtype" else (torch.float64,))
+    assert count(gm, aten.permute.default) >= 2
+    assert_equivalent(model, gm, x)
+
+
+def test_a_nan_or_infinity_spoils_its_own_line_as_in_eager() -> None:
+    torch.manual_seed(0)
+    model, x = Apply(lambda x: x.softmax(1)).eval(), torch.randn(2, 5, 3, 4)
+    x[0, 1, 2, 3], x[1, 0, 0, 0], x[1, 4, 1, 2] = float("nan"), float("inf"), float("-inf")
+    gm, _ = run_pass(SoftmaxOverLastDim(), exported(model, x), x)
+    with torch.no_grad():
+        expected, got = model(x), gm(x)
+    assert_same_nonfinite(expected, got)
+    finite = expected.isfinite()
+    assert torch.allclose(got[finite], expected[finite], atol=1e-6)
+
+
+def test_the_private_softmax_moves_too_and_the_last_dim_is_no_candidate() -> None:
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    inner = graph.call_function(aten._softmax.default, (x, 1, False))
+    last = graph.call_function(aten._softmax.default, (inner, 2, False))
+    graph.output(last)
+    gm, t = fx.GraphModule(nn.Module(), graph), torch.randn(2, 3, 4)
+    gm, record = run_pass(SoftmaxOverLastDim(), gm, t)
+    assert record.rewrites == 1
+    assert torch.allclose(gm(t), t.softmax(1).softmax(2))
+    assert can_move(last) is None  # over the last dim already
+
+
+def test_yolo_dfl_lowers_to_one_delegate_call_without_portable_ops() -> None:
+    model, x = Apply(lambda x: dfl(x) * 2.0).eval(), torch.randn(1, 64, 10)
+    before = program_of(exported(model, x), x)
+    assert [p.op for p in before.portable_ops] == ["aten._softmax"]
+    gm, _ = run_pass(SoftmaxOverLastDim(), exported(model, x), x)
+    after = program_of(gm, x)
+    assert (after.delegate_calls, after.portable_ops) == (1, ())
