@@ -50,6 +50,11 @@ _PARTS = {torch.complex32: torch.float16, torch.complex64: torch.float32,
           torch.complex128: torch.float64}  # fmt: skip
 
 
+def describe_tolerance(tolerance: float | None) -> str:
+    """``tolerance`` as a person reads it: the number, or "by dtype" for None."""
+    return "by each output's dtype" if tolerance is None else f"{tolerance:g}"
+
+
 def tolerance_for(dtype: torch.dtype) -> float:
     """The default tolerance of an output of ``dtype``: the table above; 0 (exact) for integer
     and bool outputs (an index or a token id off by one is wrong, however large the scale)."""

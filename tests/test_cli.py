@@ -7,8 +7,10 @@ operators and packed contexts in it.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -119,7 +121,7 @@ def optimized_file(model_file: Path, tmp_path_factory: pytest.TempPathFactory) -
     return out
 
 
-# --- optimize ---------------------------------------------------------------------------------
+# --- optimize -------------------------------------------------------------------------------------
 
 
 def test_optimize_python_file_writes_a_lite_file_that_matches_eager(
@@ -154,7 +156,7 @@ def test_factory_function_and_example_inputs_from_the_file_json(
     assert payload["file_bytes"] == out.stat().st_size
     assert payload["report"]["backend"] == "CPU"
     assert payload["report"]["ops_after"]["prepacked::conv2d_clamp_run"] == 1
-    [check] = payload["lite_numerics"]  # example_inputs() in the file gave the inputs
+    [check] = payload["file_numerics"]  # example_inputs() in the file gave the inputs
     assert check["passed"] and check["relative_error"] <= 1e-4
     assert payload["failures"] == []
 
@@ -183,7 +185,7 @@ def test_torchvision_model_with_randomized_batchnorm(
     assert folds[0]["rewrites"] == 20
     assert report["ops_after"]["prepacked::conv2d_clamp_run"] == 20
     assert report["ops_after"]["prepacked::linear_clamp_run"] == 1
-    assert all(c["passed"] for c in payload["lite_numerics"])
+    assert all(c["passed"] for c in payload["file_numerics"])
     assert forward_ops(out)["prepacked::conv2d_clamp_run"] == 20
 
 
@@ -289,9 +291,8 @@ def test_python_file_imports_its_neighbours(
         "    def forward(self, x):\n        return self.body(x)\n"
     )
     out = tmp_path / "model.ptl"
-    code, _, err = cli(
-        capsys, "optimize", f"{tmp_path}/model.py:Model", "-o", out, "--input-shape", "2,6"
-    )
+    argv = ["optimize", f"{tmp_path}/model.py:Model", "-o", out, "--input-shape", "2,6"]
+    code, _, err = cli(capsys, *argv, "--no-bundled-inputs")  # their methods have ops too
     assert code == 0, err
     assert lite_ops(out) == {"prepacked::linear_clamp_run"}  # relu fused into the linear
 
@@ -317,11 +318,11 @@ def test_channels_last_markdown_and_latency(
     assert code == 0, err
     assert "| stage " in stdout and "|---" in stdout  # GitHub tables
     assert "INPUT_NOT_CHANNELS_LAST" in stdout  # eager's layout kept, as asked
-    latency = stdout.split("| latency")[1]
+    latency = stdout.split("| candidate")[1]
     for row in ("eager", "optimized TorchScript", "lite interpreter"):
         assert f"| {row}" in latency
-    assert "3 rounds" in latency and "1 thread)" in latency
-    assert torch.get_num_threads() == threads  # set for the timing only
+    assert "3 rounds" in latency and "in a clean child process: 1 thread," in latency
+    assert torch.get_num_threads() == threads  # timed in the child, not here
 
 
 def test_preserved_method_is_kept(
@@ -329,7 +330,7 @@ def test_preserved_method_is_kept(
 ) -> None:
     out = tmp_path / "net.ptl"
     argv = ["optimize", f"{model_file}:Net", "-o", out, "--input-shape", SHAPE]
-    code, _, err = cli(capsys, *argv, "--preserve", "features")
+    code, _, err = cli(capsys, *argv, "--preserved-methods", "features")
     assert code == 0, err
     assert set(torch.jit.load(str(out))._c._method_names()) >= {"forward", "features"}
 
@@ -342,8 +343,9 @@ def test_numerics_failure_prints_the_report_then_exits_1(
     code, stdout, err = cli(capsys, *argv, "--tolerance", "0")  # BN folding rounds differently
     assert code == 1
     assert "fxmobile report: Net" in stdout and "MISMATCH" in stdout
-    assert err.startswith("fxmobile: error: fxmobile's optimized Net does not match eager: ")
-    assert "the outputs first diverge after fx pass 'fold_batchnorm'" in err
+    error = err.splitlines()[-1]
+    assert error.startswith("fxmobile: error: fxmobile's optimized Net does not match eager: ")
+    assert "the outputs first diverge after fx pass 'fold_batchnorm'" in error
     assert not out.exists(), "the gate returns no module, so nothing is written"
 
 
@@ -358,7 +360,7 @@ def test_check_warn_writes_the_file_and_warns(
     assert "fxmobile: warning: numerics check failed: " in err
 
 
-# --- error paths --------------------------------------------------------------------------------
+# --- error paths ----------------------------------------------------------------------------------
 
 
 def _checkpoint(tmp: Path, net: nn.Module, optimized_file: Path) -> Path:
@@ -420,13 +422,14 @@ def test_unreadable_files_are_explained(
         (["torchvision:resnet18", "--weights", "FOO"], 1, ["'FOO'", "IMAGENET1K_V1"]),
         (["torchvision:resnet18", "--input-shape", "1,3"], 1, ["ResNet does not run on input 1,3"]),
         (["{model}:Net", "--weights", "DEFAULT"], 1, ["--weights applies to torchvision"]),
-        (["{model}:Net", "--preserve", "nope"], 1, ["Net has no method 'nope'"]),
-        (["{model}:Net", "--preserve", "not_exported"], 1, ["@torch.jit.export"]),
-        (["{model}:NeedsArgs", "--input-shape", "1,3,a"], 2, ["'1,3,a' is not a shape"]),
-        (["{model}:Net", "--input-shape", "1,0,3"], 2, ["'1,0,3' is not a shape"]),
-        (["{model}:Net", "--blocklist", "fold_all"], 2, ["'fold_all' is not an", "remove_dropout"]),
-        (["{model}:Net", "--backend", "cuda"], 2, ["invalid choice: 'cuda'", "vulkan"]),
-        (["{model}:Net", "--threads", "0"], 2, ["'0' is not a positive integer"]),
+        (["{model}:Net", "--preserved-methods", "nope"], 1, ["Net has no method 'nope'"]),
+        (["{model}:Net", "--preserved-methods", "not_exported"], 1, ["@torch.jit.export"]),
+        (["{model}:NeedsArgs", "--input-shape", "1,3,a"], 1, ["'1,3,a' is not a shape"]),
+        (["{model}:Net", "--input-shape", "1,0,3"], 1, ["'1,0,3' is not a shape"]),
+        (["{model}:Net", "--blocklist", "fold_all"], 1, ["'fold_all' is not an", "remove_dropout"]),
+        (["{model}:Net", "--backend", "cuda"], 1, ["invalid choice: 'cuda'", "vulkan"]),
+        (["{model}:Net", "--threads", "0"], 1, ["'0' is not a positive integer"]),
+        (["{model}:Net", "--no-such-option"], 1, ["unrecognized arguments: --no-such-option"]),
         (["{model}:Net", "--input-shape", "1,3,5"], 1, ["example_inputs do not run through"]),
         (["{model}:Net", "-o", "{tmp}"], 1, ["is a directory"]),
     ],
@@ -443,10 +446,11 @@ def test_optimize_errors_name_the_culprit(
     out = tmp_path / "out.ptl"
     code, stdout, err = cli(capsys, "optimize", "-o", out, *argv)  # a later -o wins
     assert code == status
-    assert stdout == "" or "optimizing" in stdout
+    assert stdout == ""  # status lines and errors go to stderr
     for needle in needles:
         assert needle in err
-    assert "Traceback" not in err
+    assert "Traceback" not in err and "usage:" not in err
+    assert err.splitlines()[-1].startswith("fxmobile: error: ")  # one line, after any status
     assert not out.exists()
 
 
@@ -456,7 +460,7 @@ def test_latency_without_inputs_and_missing_output_are_refused(
     code, _, err = cli(capsys, "optimize", optimized_file, "-o", tmp_path / "x.ptl", "--latency")
     assert code == 1 and "--latency needs example inputs; pass --input-shape" in err
     code, _, err = cli(capsys, "optimize", optimized_file)
-    assert code == 2 and "-o/--output" in err
+    assert code == 1 and "-o/--output" in err
 
 
 def test_help_and_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -466,7 +470,10 @@ def test_help_and_version(capsys: pytest.CaptureFixture[str]) -> None:
     code, stdout, _ = cli(capsys, "--version")
     assert code == 0 and stdout.startswith("fxmobile ")
     code, _, err = cli(capsys)
-    assert code == 2 and "COMMAND" in err
+    assert code == 1
+    assert err == (
+        "fxmobile: error: the following arguments are required: COMMAND (see `fxmobile --help`)\n"
+    )
 
 
 def test_python_dash_m_fxmobile_runs() -> None:
@@ -482,7 +489,7 @@ def test_python_dash_m_fxmobile_runs() -> None:
         assert command in done.stdout
 
 
-# --- lint ---------------------------------------------------------------------------------------
+# --- lint -----------------------------------------------------------------------------------------
 
 
 BUNDLED_INPUT_MESSAGE = (
@@ -491,17 +498,25 @@ BUNDLED_INPUT_MESSAGE = (
 )
 
 
-def test_lint_of_an_optimized_file_names_only_the_missing_bundled_inputs(
-    optimized_file: Path, capsys: pytest.CaptureFixture[str]
+def test_lint_of_a_file_without_bundled_inputs_names_only_the_missing_bundled_inputs(
+    model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, stdout, _ = cli(capsys, "lint", optimized_file)
+    out = tmp_path / "net.ptl"
+    argv = ["optimize", f"{model_file}:Net", "-o", out, "--input-shape", SHAPE]
+    code, stdout, _ = cli(capsys, *argv, "--no-bundled-inputs", "--format", "json")
+    assert code == 0
+    payload = json.loads(stdout)
+    assert payload["bundled_inputs"] is None
+    assert payload["bundled_inputs_note"] == "none (--no-bundled-inputs)"
+    assert [lint["name"] for lint in payload["report"]["lints"]] == ["BUNDLED_INPUT"]
+    code, stdout, _ = cli(capsys, "lint", out)
     assert code == 1
     assert stdout.split()[:2] == ["lint", "message"]
-    assert "BUNDLED_INPUT" in stdout and f"1 lint(s) in {optimized_file}" in stdout
-    code, stdout, _ = cli(capsys, "lint", optimized_file, "--format", "json")
+    assert "BUNDLED_INPUT" in stdout and f"1 lint(s) in {out}" in stdout
+    code, stdout, _ = cli(capsys, "lint", out, "--format", "json")
     assert code == 1
     assert json.loads(stdout) == {
-        "file": str(optimized_file),
+        "file": str(out),
         "lints": [{"name": "BUNDLED_INPUT", "message": BUNDLED_INPUT_MESSAGE}],
     }
 
@@ -570,7 +585,7 @@ def test_lint_exits_0_on_a_model_without_lints(
     assert code == 0 and json.loads(stdout)["lints"] == []
 
 
-# --- inspect ------------------------------------------------------------------------------------
+# --- inspect --------------------------------------------------------------------------------------
 
 
 def test_inspect_counts_match_the_graph(
@@ -581,7 +596,8 @@ def test_inspect_counts_match_the_graph(
     found = json.loads(stdout)
     ops = found["ops"]["forward"]
     assert ops == forward_ops(optimized_file)
-    assert found["methods"] == ["forward"]
+    assert found["methods"] == ["forward"]  # the bundled inputs' methods are not the model's
+    assert found["bundled_inputs"] == [["1x3x12x12 float32"]]
     assert found["file_bytes"] == optimized_file.stat().st_size
     assert found["markers"] == {
         "mobile_optimized": True,
@@ -608,6 +624,7 @@ def test_inspect_counts_match_the_graph(
         "mobile_optimized=True" in stdout
         and "ops left unfused: 3 (aten::contiguous 2, aten::mean 1)" in stdout
     )
+    assert "bundled inputs for forward (1): 1x3x12x12 float32" in stdout
 
 
 def test_inspect_a_file_without_bytecode(
@@ -623,6 +640,7 @@ def test_inspect_a_file_without_bytecode(
         and "no lite-interpreter bytecode" in found["lite_operators_note"]
     )
     assert found["packed_contexts"] == []
+    assert found["bundled_inputs"] is None
     assert found["methods"] == ["forward", "features"]
     assert found["ops"]["forward"]["aten::conv2d"] == 1
     assert found["ops"]["features"] == {"aten::conv2d": 1}
@@ -649,7 +667,7 @@ def test_unknown_target_runtime_is_a_usage_error(
 ) -> None:
     argv = ["optimize", f"{model_file}:Net", "-o", tmp_path / "n.ptl", "--input-shape", SHAPE]
     code, _, err = cli(capsys, *argv, "--target-runtime", "1.9")
-    assert code == 2 and "invalid choice: '1.9'" in err
+    assert code == 1 and "invalid choice: '1.9'" in err
 
 
 @pytest.mark.runtime("2.12.1")
@@ -662,8 +680,14 @@ def test_optimize_checks_and_times_the_file_on_the_real_runtime(
     assert code == 0
     assert "torch 2.12.1  XNNPACK" in stdout  # the check row names runtime and kernels
     assert "upstream optimize_for_mobile on torch 2.12.1 against eager" in stdout
-    rows = ("eager", "fxmobile file here", "fxmobile file on 2.12.1", "upstream file on 2.12.1")
+    rows = (
+        "eager",
+        "fxmobile file, clean child",
+        "fxmobile file on 2.12.1",
+        "upstream file on 2.12.1",
+    )
     assert all(row in stdout for row in rows)
+    assert "2 threads in every process" in stdout
     assert "torch 2.12.1 (reference runtime)" in stdout
 
 
@@ -674,6 +698,291 @@ def test_latency_rows_name_runtime_and_kernels(
     argv = ["optimize", f"{model_file}:Net", "-o", out, "--input-shape", SHAPE]
     code, stdout, _ = cli(capsys, *argv, "--latency", "--rounds", "2")
     assert code == 0
-    header = next(line for line in stdout.splitlines() if line.startswith("latency "))
+    header = next(line for line in stdout.splitlines() if line.startswith("candidate "))
     assert "runs on" in header and "kernels" in header
-    assert "(this process)" in stdout and "fxmobile._C (desktop kernels)" in stdout
+    assert "torch 2.15.0, clean child process" in stdout
+    assert "fxmobile._C (desktop kernels)" in stdout
+
+
+# --- exit status, one-line errors, streams --------------------------------------------------------
+
+
+def test_an_argument_error_is_one_line_naming_the_argument_and_exit_1(
+    model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Argument errors exited 2 and printed argparse's whole usage block before."""
+    out = tmp_path / "net.ptl"
+    code, stdout, err = cli(capsys, "optimize", f"{model_file}:Net", "-o", out, "--threads", "0")
+    assert code == 1 and stdout == ""
+    assert err == (
+        "fxmobile: error: argument --threads: '0' is not a positive integer "
+        "(see `fxmobile optimize --help`)\n"
+    )
+
+
+def test_status_lines_go_to_stderr_in_every_format(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In table mode they went to stdout, mixed with the results, before."""
+    out = tmp_path / "squeezenet.ptl"
+    argv = ["optimize", "torchvision:squeezenet1_0", "-o", out, "--input-shape", "1,3,32,32"]
+    for fmt in ("table", "json"):
+        code, stdout, err = cli(capsys, *argv, "--format", fmt, "--check", "off")
+        assert code == 0, err
+        assert "optimizing torchvision:squeezenet1_0 for cpu (input 1x3x32x32)" in err
+        assert "optimizing" not in stdout
+    assert json.loads(stdout)["output"] == str(out)  # the last run's stdout: JSON alone
+
+
+class _ClosedPipe:
+    """stdout of a reader that has gone away."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def fileno(self) -> int:
+        raise OSError("no descriptor")
+
+
+def test_a_closed_stdout_ends_the_command_quietly(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "stdout", _ClosedPipe())
+    code = main(["passes"])
+    assert code == 141
+    assert capsys.readouterr().err == ""
+
+
+def test_fxmobile_passes_into_a_closed_pipe_prints_no_traceback() -> None:
+    """``fxmobile passes | head`` ended in a BrokenPipeError traceback before."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first write: every write fails
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "fxmobile", "passes"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert done.stderr == ""
+    assert done.returncode == 141
+
+
+# --- bundled inputs -------------------------------------------------------------------------------
+
+
+def test_an_optimized_file_lints_clean_and_carries_its_input_shapes(
+    model_file: Path, optimized_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every file optimize wrote failed lint (BUNDLED_INPUT) before."""
+    code, stdout, _ = cli(capsys, "lint", optimized_file)
+    assert code == 0 and f"no lints in {optimized_file}" in stdout
+    lite = torch.jit.mobile._load_for_lite_interpreter(str(optimized_file))
+    [(x,)] = lite.run_method("get_all_bundled_inputs")
+    assert x.shape == (1, 3, 12, 12) and x.dtype == torch.float32
+    assert x.std() > 0.5  # drawn with torch.randn_like when the method runs, not zeros
+    # a spec, not the tensor: the file grows by a few KiB however large the input
+    bare = tmp_path / "bare.ptl"
+    argv = ["optimize", f"{model_file}:Net", "-o", bare, "--input-shape", "1,3,120,120"]
+    assert cli(capsys, *argv, "--no-bundled-inputs")[0] == 0
+    bundled = tmp_path / "bundled.ptl"
+    argv = ["optimize", f"{model_file}:Net", "-o", bundled, "--input-shape", "1,3,120,120"]
+    code, stdout, _ = cli(capsys, *argv, "--format", "json")
+    assert code == 0
+    payload = json.loads(stdout)
+    assert payload["bundled_inputs"] == ["1x3x120x120 float32, torch.randn_like"]
+    assert payload["report"]["lints"] == []
+    assert payload["report"]["file_bytes"] == bundled.stat().st_size
+    assert 0 < bundled.stat().st_size - bare.stat().st_size < 8 * 1024 < 120 * 120 * 3 * 4
+
+
+def test_check_takes_the_bundled_inputs_when_given_no_shapes(
+    optimized_file: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``check FILE`` refused an optimized file without --input-shape before."""
+    import fxmobile.cli.check_cmd as check_cmd
+    from fxmobile.runtime.check import RuntimeCheck
+
+    seen: list[tuple[Any, ...]] = []
+
+    def record(data: bytes, inputs: Any, versions: Any, **kwargs: Any) -> list[RuntimeCheck]:
+        seen.append(tuple(inputs))
+        return [RuntimeCheck("2.12.1", "XNNPACK", True, 8, (4, 9), [], None)]
+
+    monkeypatch.setattr(check_cmd, "check_on_runtimes", record)  # no runtime needed here
+    code, stdout, err = cli(
+        capsys, "check", optimized_file, "--runtime", "2.12.1", "--format", "json"
+    )
+    assert code == 0, err
+    assert json.loads(stdout)["inputs"] == "the file's first bundled input"
+    [(x,)] = seen
+    assert x.shape == (1, 3, 12, 12)
+
+
+EMBEDDING_SOURCE = """
+import torch
+from torch import nn
+
+
+class Bag(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(10, 4)
+
+    def forward(self, tokens):
+        return self.embedding(tokens).sum(1)
+
+
+def example_inputs():
+    return (torch.randint(0, 10, (2, 5)),)
+"""
+
+
+def test_integer_inputs_are_bundled_as_zeros(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "bag.py"
+    source.write_text(EMBEDDING_SOURCE)
+    out = tmp_path / "bag.ptl"
+    code, stdout, err = cli(capsys, "optimize", f"{source}:Bag", "-o", out, "--format", "json")
+    assert code == 0, err
+    assert json.loads(stdout)["bundled_inputs"] == ["2x5 int64, zeros"]
+    lite = torch.jit.mobile._load_for_lite_interpreter(str(out))
+    [(tokens,)] = lite.run_method("get_all_bundled_inputs")
+    assert tokens.dtype == torch.int64 and tokens.shape == (2, 5) and not tokens.any()
+    assert lite(tokens).shape == (2, 4)
+
+
+@pytest.mark.runtime()
+def test_a_bundled_file_loads_and_checks_on_the_reference_runtimes_without_shapes(
+    model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for target in ("1.13.1", None):
+        out = tmp_path / f"net-{target}.ptl"
+        argv = ["optimize", f"{model_file}:Net", "-o", out, "--input-shape", SHAPE]
+        if target:
+            argv += ["--target-runtime", target]
+        assert cli(capsys, *argv)[0] == 0
+        code, stdout, err = cli(capsys, "check", out, "--runtime", "all", "--format", "json")
+        assert code == 0, err
+        found = json.loads(stdout)
+        assert found["inputs"] == "the file's first bundled input"
+        assert [r["runtime"] for r in found["runtimes"] if r["passed"]] == ["1.13.1", "2.12.1"]
+
+
+def test_check_of_a_lite_file_names_what_it_needs(
+    optimized_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = cli(capsys, "check", optimized_file)
+    assert code == 1
+    assert err == (
+        f"fxmobile: error: name the reference runtimes to check {optimized_file} on: "
+        "--runtime 1.13.1|2.12.1|all (make runtimes installs them)\n"
+    )
+    code, _, err = cli(capsys, "check", optimized_file, "--runtime", "all", "--model", "x.py:N")
+    assert code == 1 and "--model applies to ExecuTorch programs (.pte)" in err
+
+
+# --- latency in a clean child ---------------------------------------------------------------------
+
+
+def test_latency_is_measured_in_a_clean_child_with_passive_waits(
+    model_file: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The CLI timed in its own process, OpenMP threads spinning, before."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    out = tmp_path / "net.ptl"
+    argv = ["optimize", f"{model_file}:Net", "-o", out, "--input-shape", SHAPE, "--latency"]
+    code, stdout, err = cli(capsys, *argv, "--rounds", "4", "--threads", "1", "--format", "json")
+    assert code == 0, err
+    latency = json.loads(stdout)["latency"]
+    assert latency["where"] == "clean child process"
+    assert latency["omp_wait_policy"] == "PASSIVE" and latency["threads"] == 1
+    candidates = latency["candidates"]
+    assert list(candidates) == ["eager", "optimized TorchScript", "lite interpreter"]
+    for name, timing in candidates.items():
+        assert timing["runs_on"] == "torch 2.15.0, clean child process", name
+        assert len(timing["samples_ms"]) == timing["runs"] == 4
+        assert timing["p10_ms"] <= timing["median_ms"] <= timing["p90_ms"]
+    assert candidates["eager"]["kernels"] == "ATen"
+
+
+def test_a_wide_spread_is_flagged_as_a_busy_machine(
+    model_file: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Nothing warned before when p90/p10 showed the machine was busy."""
+    import fxmobile.cli.latency as latency
+
+    monkeypatch.setattr(latency, "BUSY_SPREAD", 0.5)  # every real p90/p10 is at least 1
+    out = tmp_path / "net.ptl"
+    argv = ["optimize", f"{model_file}:Net", "-o", out, "--input-shape", SHAPE, "--latency"]
+    code, stdout, err = cli(capsys, *argv, "--rounds", "2")
+    assert code == 0
+    assert "fxmobile: warning: the machine was busy while timing" in err
+    assert "for eager" in err and "medians and speed-ups are not reliable" in err
+    assert "warning" not in stdout
+
+
+def test_the_busy_threshold() -> None:
+    from fxmobile.cli.latency import BUSY_SPREAD, busy
+    from fxmobile.runtime.latency import Latency
+    from fxmobile.timing import Timing
+
+    def one(p10: float, p90: float) -> Latency:
+        return Latency(Timing((p10 + p90) / 2, p10, p90, 20), "here", "ATen")
+
+    assert busy({"quiet": one(10.0, 10.0 * BUSY_SPREAD)}) == []
+    [warning] = busy({"quiet": one(10.0, 13.0), "eager": one(74.0, 3276.0)})
+    assert "44.3x for eager" in warning and "for quiet" not in warning
+
+
+def test_one_candidate_gets_no_speed_up_column() -> None:
+    from fxmobile.runtime.latency import Latency, latency_table
+    from fxmobile.timing import Timing
+
+    one = {"program": Latency(Timing(2.0, 1.0, 3.0, 20), "here", "XNNPACK")}
+    header = latency_table(one).splitlines()[0]
+    assert "speed-up" not in header and header.split()[-2:] == ["p90", "ms"]
+
+
+# --- one spelling per option ----------------------------------------------------------------------
+
+
+def test_every_optimize_option_is_spelled_as_the_python_argument() -> None:
+    """``--preserve`` was the command line's name for ``preserved_methods`` before."""
+    import inspect as pyinspect
+
+    import fxmobile
+    from fxmobile.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    optimize_parser = commands.choices["optimize"]
+    cli_names = {a.dest for a in optimize_parser._actions}
+    python_names = set(pyinspect.signature(fxmobile.optimize).parameters)
+    shared = {
+        "blocklist",
+        "preserved_methods",
+        "backend",
+        "channels_last",
+        "tolerance",
+        "check",
+        "target_runtime",
+    }
+    assert shared <= cli_names & python_names
+    for action in optimize_parser._actions:
+        if action.dest in shared:
+            assert f"--{action.dest.replace('_', '-')}" in action.option_strings

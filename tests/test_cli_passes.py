@@ -4,6 +4,8 @@ The docs' pass tables are held to the pipelines in tests/test_docs.py."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from fxmobile.cli import main
@@ -23,3 +25,16 @@ def test_vulkan_lists_only_the_member_it_reads(capsys: pytest.CaptureFixture[str
     members = {line.split("|")[3].strip() for line in script_rows}
     assert members == {"—", "VULKAN_AUTOMATIC_GPU_TRANSFER"}
     assert "| script  | fold_batchnorm " in out
+
+
+@pytest.mark.parametrize("backend", list(Backend))
+def test_passes_as_json_are_the_rows(backend: Backend, capsys: pytest.CaptureFixture[str]) -> None:
+    """``passes`` had no JSON output before (``--format json`` was a usage error)."""
+    assert main(["passes", "--backend", backend.value, "--format", "json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["backend"] == backend.name
+    assert [
+        (p["stage"], p["pass"], p["blocklist_member"] or "—", p["rewrite"])
+        for p in document["passes"]
+    ] == [tuple(row) for row in rows(backend)]
+    assert all(p["blocklist_member"] != "—" for p in document["passes"])

@@ -430,3 +430,51 @@ def test_no_zoo_model_checks_numerics_on_an_output_of_zeros() -> None:
     assert isinstance(head, torch.nn.Linear) and head.weight.detach().any()
     with torch.no_grad():
         assert model(*entry.example_inputs()).abs().max() > 0
+
+
+# --- from any directory --------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_package_build_installs_the_zoo_with_its_baseline() -> None:
+    """``python -m model_zoo_checks`` failed outside the repository root: the package was not
+    installed (``packages.find`` took ``fxmobile*`` only)."""
+    from setuptools.config.pyprojecttoml import read_configuration
+
+    # setuptools' own reading of the file: packages.find expanded into the packages it installs
+    config = read_configuration(ROOT / "pyproject.toml")["tool"]["setuptools"]
+    found = config["packages"]
+    assert "model_zoo_checks" in found and "fxmobile" in found
+    assert not any(name.startswith(("tests", "benchmarks")) for name in found)
+    assert "baseline.json" in config["package-data"]["model_zoo_checks"]
+    assert (ROOT / "model_zoo_checks" / "baseline.json").is_file()
+
+
+def test_the_zoo_runs_from_another_directory(tmp_path: Path) -> None:
+    """Installed (here: its folder alone on the path, as site-packages holds it), the zoo finds
+    its baseline and its worker from any working directory."""
+    import os
+    import subprocess
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "model_zoo_checks").symlink_to(ROOT / "model_zoo_checks")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shard = elsewhere / "zoo.json"
+    meta = {"shard": "1/1", "thresholds": {}}
+    shard.write_text(json.dumps({"meta": meta, "results": [result().to_dict()], "regressions": []}))
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    for argv in (["--quick", "--list"], ["merge", "zoo.json"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "model_zoo_checks", *argv],
+            cwd=elsewhere,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+    assert "net" in done.stdout  # the shard's model, compared with the package's baseline

@@ -1,10 +1,13 @@
-"""``fxmobile check FILE --runtime VERSION|all``: does the file load and compute the same on
-the real runtimes?
+"""``fxmobile check FILE``: does the file load and compute the same where apps run it?
 
-Loads a lite-interpreter file in each reference runtime (``make runtimes`` installs them; each
-runs in its own process), runs it on the same random inputs, and compares with the file run
-here by fxmobile's operator library. Exit status 1 when a runtime does not load the file, fails
-to run it, or differs by more than --tolerance of the output's largest magnitude.
+A lite-interpreter file (``--runtime VERSION|all``): loaded in each reference runtime (``make
+runtimes`` installs them; each runs in its own process), run on the same inputs (random of each
+``--input-shape``, or the file's first bundled input), and compared with the file run here by
+fxmobile's operator library. Exit status 1 when a runtime does not load the file, fails to run
+it, or differs by more than --tolerance of the output's largest magnitude.
+
+An ExecuTorch program (``.pte``, recognised by its bytes): run and timed in ExecuTorch's runtime
+(``fxmobile.cli.check_program``).
 """
 
 from __future__ import annotations
@@ -14,10 +17,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fxmobile.cli.common import TABLE_FORMATS, CliError, Console, input_shape, positive_int
-from fxmobile.cli.models import SEED, random_inputs
+from fxmobile.cli import check_program
+from fxmobile.cli.common import TABLE_FORMATS, CliError, add_format, input_shape, positive_int
+from fxmobile.cli.models import SEED, SPEC_FORMS, random_inputs
 from fxmobile.cli.script_files import has_bytecode
-from fxmobile.options import DEFAULT_TOLERANCE
+from fxmobile.executorch.program_file import is_program
+from fxmobile.options import describe_tolerance
+from fxmobile.progress import phase
 from fxmobile.runtime.check import (
     RuntimeCheck,
     bundled_inputs,
@@ -30,20 +36,32 @@ from fxmobile.runtime.compat import bytecode_version, read_bytes
 from fxmobile.runtime.install import RUNTIMES
 
 EPILOG = """\
-example:
+A .ptl runs in the reference runtimes --runtime names, on the file's bundled inputs (fxmobile
+optimize bundles its example inputs' shapes) or on --input-shape. A .pte runs in ExecuTorch's
+runtime on inputs of the shapes the program fixes: checked that it runs, is deterministic and
+finite, against eager with --model SPEC, and timed (median, p10, p90) in a clean child process.
+
+examples:
   fxmobile optimize torchvision:mobilenet_v2 -o mobilenet_v2.ptl
-  fxmobile check mobilenet_v2.ptl --runtime all --input-shape 1,3,224,224
+  fxmobile check mobilenet_v2.ptl --runtime all
+  fxmobile optimize torchvision:mobilenet_v2 -o mobilenet_v2.pte
+  fxmobile check mobilenet_v2.pte --model torchvision:mobilenet_v2
 """
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``check``'s arguments: the file, the runtimes, the inputs, the tolerance, threads, format."""
-    parser.add_argument("file", type=Path, metavar="FILE", help="a lite-interpreter file (.ptl)")
+    parser.add_argument(
+        "file",
+        type=Path,
+        metavar="FILE",
+        help="a lite-interpreter file (.ptl) or an ExecuTorch program (.pte)",
+    )
     parser.add_argument(
         "--runtime",
-        required=True,
         choices=(*RUNTIMES, "all"),
-        help="the reference runtime(s) to check on (make runtimes installs them)",
+        help="the reference runtime(s) to check a .ptl on (make runtimes installs them); "
+        "required for a .ptl",
     )
     parser.add_argument(
         "--input-shape",
@@ -51,20 +69,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         metavar="SHAPE",
         help="shape of one input, e.g. 1,3,224,224 (repeat for several inputs); inputs are "
-        f"torch.randn under seed {SEED}. Default: the file's first bundled input",
+        f"torch.randn under seed {SEED}. Default: a .ptl's first bundled input, a .pte's "
+        "input shapes",
+    )
+    parser.add_argument(
+        "--model",
+        metavar="SPEC",
+        help=f"the model a .pte was made from, to compare with eager: {SPEC_FORMS}",
+    )
+    parser.add_argument(
+        "--weights",
+        help="with --model torchvision:NAME: the weights optimize was given (default random)",
     )
     parser.add_argument(
         "--tolerance",
         type=float,
-        default=DEFAULT_TOLERANCE,
-        help=f"relative to the output's largest magnitude (default {DEFAULT_TOLERANCE:g})",
+        default=None,
+        help="relative to eager's largest output magnitude (default: by each output's dtype, as "
+        "torch.testing: float32 1e-4, float16 1e-2, bfloat16 5e-2, integers exact)",
     )
     parser.add_argument(
-        "--threads", type=positive_int, default=2, help="threads per runtime (default 2)"
+        "--threads",
+        type=positive_int,
+        default=2,
+        help="threads per runtime, and for timing a .pte (default 2)",
     )
     parser.add_argument(
-        "--format", choices=("table", "markdown", "json"), default="table", help="default table"
+        "--rounds",
+        type=positive_int,
+        default=20,
+        help="timed rounds for a .pte (default 20)",
     )
+    add_format(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,6 +108,19 @@ def run(args: argparse.Namespace) -> int:
     path: Path = args.file
     if not path.is_file():
         raise CliError(f"{path}: no such file")
+    if is_program(path):
+        return check_program.run(args, path)
+    for option in ("model", "weights"):
+        if getattr(args, option):
+            raise CliError(
+                f"--{option} applies to ExecuTorch programs (.pte); {path} is checked against "
+                f"itself run here"
+            )
+    if not args.runtime:
+        raise CliError(
+            f"name the reference runtimes to check {path} on: --runtime "
+            f"{'|'.join(RUNTIMES)}|all (make runtimes installs them)"
+        )
     if not has_bytecode(path):
         raise CliError(
             f"{path} has no lite-interpreter bytecode, which is what mobile runtimes load; "
@@ -79,14 +128,15 @@ def run(args: argparse.Namespace) -> int:
         )
     data = read_bytes(path)
     inputs, described = _inputs(args.input_shape, data, path)
-    found = check_on_runtimes(
-        data,
-        inputs,
-        runtime_versions(args.runtime),
-        tolerance=args.tolerance,
-        threads=args.threads,
-    )
-    console = Console(args.format)
+    with phase("checking on the reference runtimes"):
+        found = check_on_runtimes(
+            data,
+            inputs,
+            runtime_versions(args.runtime),
+            tolerance=args.tolerance,
+            threads=args.threads,
+        )
+    console = args.console
     if args.format == "json":
         document = {
             "file": str(path),
@@ -121,6 +171,6 @@ def _render(
 ) -> str:
     head = (
         f"{path}: bytecode {version}; inputs {inputs}; compared with the file run here "
-        f"({here_kernels()}), tolerance {args.tolerance:g}"
+        f"({here_kernels()}), tolerance {describe_tolerance(args.tolerance)}"
     )
     return f"{head}\n\n{checks_table(found, TABLE_FORMATS[args.format])}"

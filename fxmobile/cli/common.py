@@ -1,7 +1,8 @@
-"""What every subcommand shares: the CLI's error, argument parsers, output and quiet torch.
+"""What every subcommand shares: the CLI's errors, argument parsers, output and quiet torch.
 
-Argument parsers raise ``argparse.ArgumentTypeError`` (argparse turns it into a usage error, exit
-status 2); everything found wrong after parsing raises ``CliError`` (exit status 1).
+Argument parsers raise ``argparse.ArgumentTypeError``, which ``Parser`` turns into a
+``UsageError``; everything found wrong after parsing raises ``CliError``. Both end the command
+with exit status 1 and one line on stderr, ``fxmobile: error: ...``, naming the culprit.
 """
 
 from __future__ import annotations
@@ -11,15 +12,17 @@ import contextlib
 import sys
 import warnings
 from collections.abc import Iterator
-from typing import TextIO
+from typing import NoReturn, TextIO
 
 from tabulate import tabulate
 
+from fxmobile.cli.status import StatusLine
 from fxmobile.errors import FxMobileError
 from fxmobile.options import MobileOptimizerType, member_named
 
-# --format value -> tabulate format
+# --format value -> tabulate format; "json" prints one JSON document instead of tables
 TABLE_FORMATS = {"table": "simple", "markdown": "github"}
+FORMATS = (*TABLE_FORMATS, "json")
 
 # torch 2.15 deprecates TorchScript and the lite interpreter, which are what fxmobile writes; the
 # README says so once instead of every command repeating it.
@@ -31,6 +34,28 @@ _DEPRECATIONS = (
 
 class CliError(FxMobileError, ValueError):
     """Something on the command line names a model, file or option fxmobile cannot use."""
+
+
+class UsageError(CliError):
+    """The command line does not parse: an unknown option, a missing or malformed value."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line naming the argument (``UsageError``), not
+    argparse's usage block and exit status 2; its subcommands' parsers are ``Parser`` too."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def add_format(parser: argparse.ArgumentParser) -> None:
+    """``--format table|markdown|json``, the same for every command."""
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="table",
+        help="table (default), markdown (GitHub tables) or json (one JSON document on stdout)",
+    )
 
 
 def input_shape(text: str) -> tuple[int, ...]:
@@ -89,22 +114,33 @@ def table(
 
 
 class Console:
-    """Results go to stdout; progress goes there too, except with --format json, where stdout
-    carries the JSON document alone and progress goes to stderr."""
+    """Results go to stdout, in every format; status lines and warnings go to stderr, above the
+    live status line when stderr is a terminal (``status``: a ``StatusLine``)."""
 
-    def __init__(self, fmt: str, out: TextIO | None = None, err: TextIO | None = None) -> None:
-        self.json = fmt == "json"
+    def __init__(
+        self,
+        out: TextIO | None = None,
+        err: TextIO | None = None,
+        status: StatusLine | None = None,
+    ) -> None:
         self.out = out or sys.stdout
         self.err = err or sys.stderr
+        self.live = status
 
     def result(self, text: str) -> None:
+        """Something the command found: stdout."""
         print(text, file=self.out, flush=True)
 
-    def progress(self, text: str) -> None:
-        print(text, file=self.err if self.json else self.out, flush=True)
+    def status(self, text: str) -> None:
+        """What the command is doing or did to the model: stderr."""
+        if self.live is not None:
+            self.live.print(text)
+        else:
+            print(text, file=self.err, flush=True)
 
     def warn(self, text: str) -> None:
-        print(f"fxmobile: warning: {text}", file=self.err, flush=True)
+        """Something the user should act on: stderr, prefixed ``fxmobile: warning:``."""
+        self.status(f"fxmobile: warning: {text}")
 
 
 @contextlib.contextmanager

@@ -9,6 +9,9 @@ interpreter needs and its mobile compatibility (when the file has lite-interpret
 bytecode and operator versions, the operators whose meaning torch has changed, and which
 reference runtime loads it as saved or after ``fxmobile.runtime.compat.backport_for``, from
 the ranges measured on those runtimes (``fxmobile check`` loads it in them for real).
+
+An ExecuTorch program (``.pte``, recognised by its bytes) shows its delegates, the kernel calls
+outside them and its size instead (``fxmobile.cli.inspect_program``).
 """
 
 from __future__ import annotations
@@ -23,9 +26,12 @@ from typing import Any
 
 import torch
 import torch.jit.mobile
+from torch.utils.bundled_inputs import _get_bundled_inputs_attributes_and_methods
 
-from fxmobile.cli.common import TABLE_FORMATS, Console, table
+from fxmobile.cli import inspect_program
+from fxmobile.cli.common import TABLE_FORMATS, CliError, add_format, table
 from fxmobile.cli.script_files import has_bytecode, load_lite, load_script_module
+from fxmobile.executorch.program_file import is_program
 from fxmobile.report.render import compatibility_table, format_bytes
 from fxmobile.runtime.compat import file_compatibility
 from fxmobile.script.graph_utils import iter_nodes, op_histogram, unfused_ops
@@ -37,12 +43,17 @@ _CUSTOM_CLASS_PREFIX = "__torch__.torch.classes."
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``inspect``'s arguments: the file, the output format, and whether to list every context."""
-    parser.add_argument("file", type=Path, metavar="FILE", help="a saved TorchScript file")
     parser.add_argument(
-        "--format", choices=("table", "markdown", "json"), default="table", help="default table"
+        "file",
+        type=Path,
+        metavar="FILE",
+        help="a saved TorchScript file (.pt, .ptl) or an ExecuTorch program (.pte)",
     )
+    add_format(parser)
     parser.add_argument(
-        "--contexts", action="store_true", help="list every packed context, not only counts"
+        "--contexts",
+        action="store_true",
+        help="list every packed context, not only counts (TorchScript files)",
     )
 
 
@@ -70,12 +81,23 @@ class Inspection:
     lite_operators: list[str] | None
     lite_operators_note: str | None
     compatibility: dict[str, Any] | None  # FileCompatibility.to_dict(); None without bytecode
+    # each bundled input set for forward, one "1x3x224x224 float32" per argument; None: none
+    bundled_inputs: list[list[str]] | None = None
 
 
 def run(args: argparse.Namespace) -> int:
     """Print what ``args.file`` holds; always 0 (an unreadable file raises ``CliError``)."""
+    console = args.console
+    if not args.file.is_file():
+        raise CliError(f"{args.file}: no such file")
+    if is_program(args.file):
+        program = inspect_program.read_program(args.file)
+        if args.format == "json":
+            console.result(json.dumps({"file": str(args.file), **program.to_dict()}, indent=2))
+        else:
+            console.result(inspect_program.render(args.file, program, args.format))
+        return 0
     found = inspect_file(args.file)
-    console = Console(args.format)
     if args.format == "json":
         console.result(json.dumps(asdict(found), indent=2))
     else:
@@ -86,7 +108,9 @@ def run(args: argparse.Namespace) -> int:
 def inspect_file(path: Path) -> Inspection:
     """What the TorchScript file at ``path`` holds and what a mobile runtime needs to run it."""
     module = load_script_module(path)
-    names = list(module._c._method_names())
+    # the methods torch.utils.bundled_inputs adds produce inputs; they are not the model
+    helpers = set(_get_bundled_inputs_attributes_and_methods(module)[0])
+    names = [name for name in module._c._method_names() if name not in helpers]
     methods = sorted(names, key=lambda name: (name != "forward", name))
     operators, note = _lite_operators(path)
     compatibility = file_compatibility(path) if has_bytecode(path) else None
@@ -102,7 +126,23 @@ def inspect_file(path: Path) -> Inspection:
         lite_operators=operators,
         lite_operators_note=note,
         compatibility=None if compatibility is None else compatibility.to_dict(),
+        bundled_inputs=_bundled_inputs(module),
     )
+
+
+def _bundled_inputs(module: torch.jit.ScriptModule) -> list[list[str]] | None:
+    """Shape and dtype of each argument of each bundled input set for forward."""
+    if not hasattr(module, "get_all_bundled_inputs"):
+        return None
+    return [
+        [
+            f"{'x'.join(map(str, x.shape)) or 'scalar'} {str(x.dtype).removeprefix('torch.')}"
+            if isinstance(x, torch.Tensor)
+            else type(x).__name__
+            for x in inputs
+        ]
+        for inputs in module.get_all_bundled_inputs()
+    ]
 
 
 def packed_contexts(module: torch.jit.ScriptModule, methods: list[str]) -> list[PackedContext]:
@@ -175,6 +215,7 @@ def _render(found: Inspection, fmt: str, every_context: bool) -> str:
         _ops_table(found, fmt),
         _unfused_line(found.unfused_ops),
         _contexts_table(found.packed_contexts, fmt, every_context),
+        _bundled_line(found.bundled_inputs),
     ]
     if found.lite_operators is None:
         parts.append(f"lite-interpreter operators: unknown, {found.lite_operators_note}")
@@ -195,6 +236,13 @@ def _ops_table(found: Inspection, fmt: str) -> str:
         [kind, *(found.ops[method].get(kind, 0) for method in found.methods)] for kind in kinds
     ]
     return table(rows, ["operator", *found.methods], fmt)
+
+
+def _bundled_line(bundled: list[list[str]] | None) -> str:
+    if bundled is None:
+        return "bundled inputs: none (fxmobile check then needs --input-shape)"
+    sets = "; ".join(", ".join(arguments) for arguments in bundled)
+    return f"bundled inputs for forward ({len(bundled)}): {sets}"
 
 
 def _unfused_line(unfused: dict[str, int]) -> str:

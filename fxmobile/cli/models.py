@@ -12,7 +12,9 @@ Three forms:
   or else from a module-level ``example_inputs()`` in the file.
 - a saved TorchScript file (``.pt``/``.ptl``).
 
-Inputs are ``torch.randn`` of each ``--input-shape`` under a fixed seed; without them (and no
+Models are built under a fixed seed (``SEED``), so one SPEC gives the same weights in
+``optimize``, in ``check --model`` and in the child process ``--latency`` times in. Inputs are
+``torch.randn`` of each ``--input-shape`` under the same seed; without them (and no
 ``example_inputs()``), the model is optimized without a numerical check.
 """
 
@@ -81,6 +83,17 @@ def load_model(
         raise CliError(f"{spec}: no such file; SPEC is {SPEC_FORMS}")
     module = load_script_module(path).eval()
     return LoadedModel(module, random_inputs(shapes) if shapes else None)
+
+
+def absolute_spec(spec: str) -> str:
+    """``spec`` with its file made absolute, so that another process (another working
+    directory) finds the same model."""
+    if spec.startswith("torchvision:"):
+        return spec
+    head, colon, tail = spec.rpartition(":")
+    if colon and head.endswith(".py"):
+        return f"{Path(head).resolve()}:{tail}"
+    return str(Path(spec).resolve())
 
 
 def random_inputs(shapes: Sequence[tuple[int, ...]]) -> tuple[torch.Tensor, ...]:
@@ -159,7 +172,9 @@ def _python_model(path: Path, attr: str, shapes: list[tuple[int, ...]]) -> Loade
         raise CliError(f"{path} has no class or function {attr!r}{_classes_hint(source)}")
     _require_no_arguments(factory, path, attr)
     try:
-        model = factory()
+        with torch.random.fork_rng():
+            torch.manual_seed(SEED)  # the same random init on every run, as for torchvision
+            model = factory()
     except Exception as exc:
         raise CliError(f"{attr}() from {path} raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(model, nn.Module):

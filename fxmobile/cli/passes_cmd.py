@@ -10,10 +10,11 @@ backend: channels-last on the CPU unless asked otherwise, leaf inlining last.
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 from fxmobile.backends.registry import backend_spec
-from fxmobile.cli.common import TABLE_FORMATS, table
+from fxmobile.cli.common import add_format, table
 from fxmobile.infra import Pass
 from fxmobile.options import Backend, MobileOptimizerType
 from fxmobile.passes.pipeline import fx_pipeline
@@ -30,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=Backend.CPU.value,
         help="whose TorchScript stage to list (default cpu)",
     )
-    parser.add_argument("--format", choices=sorted(TABLE_FORMATS), default="table")
+    add_format(parser)
 
 
 def rows(backend: Backend) -> list[list[object]]:
@@ -55,5 +56,20 @@ def _row(
 
 def run(args: argparse.Namespace) -> int:
     """Print the pass table for ``args.backend``; always 0."""
-    print(table(rows(Backend(args.backend)), HEADERS, args.format, numbers=False))
+    found = rows(Backend(args.backend))
+    if args.format == "json":
+        passes = [
+            # no member is null in JSON, not the table's dash
+            {
+                "stage": stage,
+                "pass": name,
+                "blocklist_member": None if member == "—" else member,
+                "rewrite": rewrite,
+            }
+            for stage, name, member, rewrite in found
+        ]
+        document = {"backend": Backend(args.backend).name, "passes": passes}
+        args.console.result(json.dumps(document, indent=2))
+    else:
+        args.console.result(table(found, HEADERS, args.format, numbers=False))
     return 0

@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from fxmobile.options import DEFAULT_TOLERANCE
 from fxmobile.report.records import OutputCheck
 from fxmobile.runtime.check import RuntimeCheck, check_on_runtimes, checks_table
 from fxmobile.runtime.compat import read_bytes
@@ -84,7 +83,7 @@ def against_upstream(
     rounds: int = 20,
     calls: int = 3,
     threads: int = 2,
-    tolerance: float = DEFAULT_TOLERANCE,
+    tolerance: float | None = None,
     here: Mapping[str, Candidate] | None = None,
     processes: Mapping[str, RuntimeProcess] | None = None,
     min_time: float = 0.0,

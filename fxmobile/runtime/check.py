@@ -19,7 +19,6 @@ from tabulate import tabulate
 
 from fxmobile.backends.library import OpFamily, Provider, ensure_registered, registration_status
 from fxmobile.errors import InvalidValueError
-from fxmobile.options import DEFAULT_TOLERANCE
 from fxmobile.report.records import OutputCheck
 from fxmobile.runtime.compat import bytecode_version, read_bytes
 from fxmobile.runtime.errors import RuntimeCallError, RuntimeLoadError
@@ -114,7 +113,7 @@ def check_on_runtimes(
     inputs: Sequence[Any],
     versions: Sequence[str],
     reference: Any = None,
-    tolerance: float = DEFAULT_TOLERANCE,
+    tolerance: float | None = None,
     threads: int = 2,
     processes: Mapping[str, RuntimeProcess] | None = None,
 ) -> list[RuntimeCheck]:
@@ -163,7 +162,7 @@ def _check_one(
     version: int,
     inputs: Sequence[Any],
     reference: Any,
-    tolerance: float,
+    tolerance: float | None,
 ) -> RuntimeCheck:
     spec = RUNTIMES[process.version]
 

@@ -22,6 +22,7 @@ import torch
 from tabulate import tabulate
 
 from fxmobile.errors import InvalidValueError
+from fxmobile.progress import phase, step
 from fxmobile.runtime.process import LoadedFile
 from fxmobile.timing import Timing, summarize
 
@@ -112,16 +113,19 @@ def compare_latency(
     warm = max(warmup, 1) if min_time else warmup
     one_round_ms = 0.0
     if warm:
-        for name in names:
-            one_round_ms += candidates[name].time(warm)[-1] * calls
+        with phase("latency warm-up"):
+            for name in names:
+                one_round_ms += candidates[name].time(warm)[-1] * calls
     if min_time and one_round_ms > 0:
         rounds = max(rounds, min(int(min_time * 1000 / one_round_ms), max_rounds))
     samples: dict[str, list[float]] = {name: [] for name in names}
     order = random.Random(seed)
-    for _ in range(rounds):
-        order.shuffle(names)
-        for name in names:
-            samples[name].extend(candidates[name].time(calls))
+    with phase("latency rounds"):
+        for done in range(rounds):
+            step("latency rounds", done, rounds)
+            order.shuffle(names)
+            for name in names:
+                samples[name].extend(candidates[name].time(calls))
     return {
         name: Latency(summarize(samples[name]), candidates[name].runs_on, candidates[name].kernels)
         for name in candidates
@@ -132,7 +136,8 @@ def latency_table(
     results: Mapping[str, Latency], baseline: str | None = None, tablefmt: str = "simple"
 ) -> str:
     """One row per candidate: where it ran, its kernels, median, p10 and p90 ms, and its
-    speed-up against ``baseline`` (default: the first candidate), in tabulate's ``tablefmt``."""
+    speed-up against ``baseline`` (default: the first candidate; no column for one candidate),
+    in tabulate's ``tablefmt``."""
     names = list(results)
     if not names:
         return ""
@@ -151,10 +156,13 @@ def latency_table(
         for name, result in results.items()
     ]
     headers = ["candidate", "runs on", "kernels", "median ms", "p10 ms", "p90 ms"]
+    headers.append(f"speed-up vs {reference}")
+    if len(rows) == 1:  # a speed-up of itself
+        rows, headers = [row[:-1] for row in rows], headers[:-1]
     return tabulate(
         rows,
-        headers=[*headers, f"speed-up vs {reference}"],
+        headers=headers,
         tablefmt=tablefmt,
         disable_numparse=True,
-        colalign=["left", "left", "left", "right", "right", "right", "right"],
+        colalign=["left", "left", "left", "right", "right", "right", "right"][: len(headers)],
     )
