@@ -10,14 +10,17 @@ before a pass that needs them) or, for a node export made, its ``val``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 from torch import fx
 
 from fxmobile import ops
-from fxmobile.passes.graph_utils import add_constant
+from fxmobile.infra import PassResult, Skips
+from fxmobile.passes.graph_utils import add_constant, replace_node
+
+Match = TypeVar("Match")
 
 aten = torch.ops.aten
 
@@ -135,6 +138,27 @@ def slice_of(graph: fx.Graph, source: Any, dim: int, start: int, end: int) -> fx
     """``source[start:end]`` along ``dim``, step 1 (the slice XNNPACK takes), at the graph's
     insertion point."""
     return call(graph, aten.slice.Tensor, source, dim, start, end, 1)
+
+
+def rewrite_each(
+    gm: fx.GraphModule,
+    check: Callable[[fx.Node], Match | str | None],
+    rewrite: Callable[[fx.GraphModule, Match], fx.Node],
+) -> PassResult[fx.GraphModule]:
+    """The loop of a pass that rewrites nodes one by one: each node in graph order goes to
+    ``check`` (a match, the reason it is left alone, or None for a node it does not look at),
+    and each match to ``rewrite``, whose node then takes the matched node's record and users."""
+    rewrites, skips = 0, Skips()
+    for node in list(gm.graph.nodes):
+        match = check(node)
+        if isinstance(match, str):
+            skips.add(match)
+        elif match is not None:
+            out = rewrite(gm, match)
+            out.meta.update(node.meta)
+            replace_node(node, out)
+            rewrites += 1
+    return PassResult(gm, rewrites, dict(skips))
 
 
 def replace_with(node: fx.Node, value: fx.Node) -> None:

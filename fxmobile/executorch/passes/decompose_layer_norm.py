@@ -29,10 +29,9 @@ from typing import ClassVar
 import torch
 from torch import fx
 
-from fxmobile.executorch.passes.aten import aten, call, constant, dtype, numel, shape
-from fxmobile.infra import PassResult, Skips
+from fxmobile.executorch.passes.aten import aten, call, constant, dtype, numel, rewrite_each, shape
+from fxmobile.infra import PassResult
 from fxmobile.options import MobileOptimizerType
-from fxmobile.passes.graph_utils import replace_node
 from fxmobile.passes.stage import FxContext, FxPass
 
 
@@ -109,12 +108,4 @@ class DecomposeLayerNorm(FxPass):
     needs_shapes: ClassVar[bool] = True
 
     def call(self, gm: fx.GraphModule, ctx: FxContext) -> PassResult[fx.GraphModule]:
-        rewrites, skips = 0, Skips()
-        for node in list(gm.graph.nodes):
-            match = can_decompose(node)
-            if isinstance(match, str):
-                skips.add(match)
-            elif match is not None:
-                replace_node(node, decompose(gm, match))
-                rewrites += 1
-        return PassResult(gm, rewrites, dict(skips))
+        return rewrite_each(gm, can_decompose, decompose)

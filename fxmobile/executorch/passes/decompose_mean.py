@@ -56,11 +56,11 @@ from fxmobile.executorch.passes.aten import (
     dtype,
     numel,
     reduced_dims,
+    rewrite_each,
     shape,
 )
-from fxmobile.infra import PassResult, Skips
+from fxmobile.infra import PassResult
 from fxmobile.options import MobileOptimizerType
-from fxmobile.passes.graph_utils import replace_node
 from fxmobile.passes.stage import FxContext, FxPass
 
 REDUCTIONS = frozenset({aten.mean.dim, aten.sum.dim_IntList})
@@ -219,14 +219,4 @@ class DecomposeMean(FxPass):
     needs_shapes: ClassVar[bool] = True
 
     def call(self, gm: fx.GraphModule, ctx: FxContext) -> PassResult[fx.GraphModule]:
-        rewrites, skips = 0, Skips()
-        for node in list(gm.graph.nodes):
-            match = can_decompose(node)
-            if isinstance(match, str):
-                skips.add(match)
-            elif match is not None:
-                out = decompose(gm, match)
-                out.meta.update(node.meta)
-                replace_node(node, out)
-                rewrites += 1
-        return PassResult(gm, rewrites, dict(skips))
+        return rewrite_each(gm, can_decompose, decompose)

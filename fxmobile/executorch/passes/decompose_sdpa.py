@@ -37,10 +37,10 @@ from typing import Any, ClassVar
 import torch
 from torch import fx
 
-from fxmobile.executorch.passes.aten import aten, call, constant, dtype, numel, shape
-from fxmobile.infra import PassResult, Skips
+from fxmobile.executorch.passes.aten import aten, call, constant, dtype, numel, rewrite_each, shape
+from fxmobile.infra import PassResult
 from fxmobile.options import MobileOptimizerType
-from fxmobile.passes.graph_utils import attr_of, replace_node
+from fxmobile.passes.graph_utils import attr_of
 from fxmobile.passes.stage import FxContext, FxPass
 
 _SIGNATURE = (
@@ -178,12 +178,4 @@ class DecomposeSdpa(FxPass):
     needs_shapes: ClassVar[bool] = True
 
     def call(self, gm: fx.GraphModule, ctx: FxContext) -> PassResult[fx.GraphModule]:
-        rewrites, skips = 0, Skips()
-        for node in list(gm.graph.nodes):
-            match = can_decompose(gm, node)
-            if isinstance(match, str):
-                skips.add(match)
-            elif match is not None:
-                replace_node(node, decompose(gm, match))
-                rewrites += 1
-        return PassResult(gm, rewrites, dict(skips))
+        return rewrite_each(gm, lambda node: can_decompose(gm, node), decompose)

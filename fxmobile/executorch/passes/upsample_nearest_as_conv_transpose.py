@@ -31,10 +31,9 @@ from typing import ClassVar
 import torch
 from torch import fx
 
-from fxmobile.executorch.passes.aten import aten, call, constant, dtype, shape
-from fxmobile.infra import PassResult, Skips
+from fxmobile.executorch.passes.aten import aten, call, constant, dtype, rewrite_each, shape
+from fxmobile.infra import PassResult
 from fxmobile.options import MobileOptimizerType
-from fxmobile.passes.graph_utils import replace_node
 from fxmobile.passes.stage import FxContext, FxPass
 
 NEAREST = frozenset({aten.upsample_nearest2d.vec, aten.upsample_nearest2d.default})
@@ -113,14 +112,4 @@ class UpsampleNearestAsConvTranspose(FxPass):
     needs_shapes: ClassVar[bool] = True
 
     def call(self, gm: fx.GraphModule, ctx: FxContext) -> PassResult[fx.GraphModule]:
-        rewrites, skips = 0, Skips()
-        for node in list(gm.graph.nodes):
-            match = can_convolve(node)
-            if isinstance(match, str):
-                skips.add(match)
-            elif match is not None:
-                out = convolve(gm, match)
-                out.meta.update(node.meta)
-                replace_node(node, out)
-                rewrites += 1
-        return PassResult(gm, rewrites, dict(skips))
+        return rewrite_each(gm, can_convolve, convolve)
