@@ -41,7 +41,13 @@ from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipP
 from torch import nn
 
 import fxmobile
-from benchmarks import bench_optimize_time, bench_prepacked_ops, figures, profile_ops
+from benchmarks import (
+    bench_executorch,
+    bench_optimize_time,
+    bench_prepacked_ops,
+    figures,
+    profile_ops,
+)
 from fxmobile.cli.passes_cmd import rows
 from fxmobile.executorch.passes.pipeline import export_pipeline
 from fxmobile.options import Backend
@@ -74,10 +80,12 @@ SKIPPED = {
 # lowerings are of small models but the README's, which `make test` runs).
 SLOW_PAGES: frozenset[str] = frozenset()
 
-# The scripts that write each figures block of the performance page (``--write-docs``).
+# The scripts that write each figures block of the performance page (``--write-docs``): a
+# script's ``FIGURES`` names its block, or its blocks.
 FIGURE_WRITERS = {
-    module.FIGURES: module.__name__
-    for module in (bench_optimize_time, bench_prepacked_ops, profile_ops)
+    block: module.__name__
+    for module in (bench_executorch, bench_optimize_time, bench_prepacked_ops, profile_ops)
+    for block in ((module.FIGURES,) if isinstance(module.FIGURES, str) else module.FIGURES)
 }
 
 README_LINES = 250  # a newcomer reads it in five minutes
