@@ -38,7 +38,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from fxmobile.executorch.runtime import _leaves
+from fxmobile.executorch.runtime import program_inputs
 
 SPANS = ("Method::execute", "DELEGATE_CALL")
 XNNPACK_SUM = "XNNPACK operators, sum"
@@ -133,7 +133,7 @@ def profile(
 
     if runs < 1:
         raise ValueError(f"runs={runs}: profile at least one run")
-    flat = [x.contiguous() for x in _leaves(inputs)]
+    flat = [x.contiguous() for x in program_inputs(inputs)]
     loaded = {
         name: Runtime.get().load_program(buffer, enable_etdump=True)
         for name, buffer in programs.items()

@@ -80,7 +80,7 @@ class ProgramRunner:
 
     def __call__(self, *inputs: Any) -> Any:
         """Run the method on ``inputs`` (the model's own arguments)."""
-        flat = [x.contiguous() if isinstance(x, torch.Tensor) else x for x in _leaves(inputs)]
+        flat = [x.contiguous() for x in program_inputs(inputs)]
         if self.method is None:  # released by set_threads: load again, on the new pool
             from executorch.runtime import Runtime
 
@@ -98,7 +98,7 @@ class ProgramRunner:
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
-def _leaves(inputs: tuple[Any, ...]) -> list[Any]:
+def program_inputs(inputs: tuple[Any, ...]) -> list[torch.Tensor]:
     """The tensors a program's method takes, in order: torch.export flattens the arguments and
     bakes in every non-tensor one."""
     return [x for x in pytree.tree_leaves(inputs) if isinstance(x, torch.Tensor)]
