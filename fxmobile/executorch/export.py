@@ -63,6 +63,10 @@ def unlifted(program: ExportedProgram) -> fx.GraphModule:
     return module
 
 
+# Views that fail on an input whose strides they cannot take; ``reshape`` computes the same.
+_VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
+
+
 def rewritable(program: ExportedProgram) -> fx.GraphModule:
     """The functional graph of ``program``, unlifted, for passes that may change strides.
 
@@ -70,10 +74,13 @@ def rewritable(program: ExportedProgram) -> fx.GraphModule:
     saw allow a view (attention's output has the strides that make its transpose contiguous). A
     rewrite that computes the same values in another layout (attention as ``bmm``) would make
     such a view fail, so every ``view`` becomes ``reshape``, which is a view when the strides
-    allow and a copy otherwise: in a functional graph nothing can tell the two apart."""
+    allow and a copy otherwise: in a functional graph nothing can tell the two apart. So does
+    ``_unsafe_view``, which export records after the ``clone`` it makes of a tensor a reshape
+    cannot view (a split's part): a pass that removes the clone (``remove_layout_copies``)
+    would leave it a view of strides it cannot take."""
     module = unlifted(functional(program))
     for node in module.graph.nodes:
-        if node.op == "call_function" and node.target is torch.ops.aten.view.default:
+        if node.op == "call_function" and node.target in _VIEWS:
             node.target = torch.ops.aten.reshape.default
     module.recompile()
     return module

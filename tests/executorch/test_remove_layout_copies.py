@@ -108,3 +108,21 @@ def test_channels_last_inside_the_model_lowers_to_one_delegate_call() -> None:
     assert record.rewrites == 2  # to channels-last, and flatten's copy back
     after = program_of(gm, x)
     assert (after.delegate_calls, after.portable_ops) == (1, ())
+
+
+def test_regression_a_reshape_of_a_split_part_still_runs_without_its_clone() -> None:
+    """torch.export records ``v.reshape(...)`` of a split's part as ``clone`` (to contiguous)
+    then ``_unsafe_view``; with the clone removed the view was left on strides it cannot take,
+    and the next pass that ran the graph raised "view size is not compatible" (yolo11n and
+    Hugging Face's MobileViT failed on the ExecuTorch target where ExecuTorch's own flow went
+    through). ``rewritable`` makes ``_unsafe_view`` a ``reshape``, as it does ``view``."""
+
+    def reshaped_part(x: torch.Tensor) -> torch.Tensor:
+        _, _, v = x.split([4, 4, 4], dim=2)
+        return v.reshape(1, 8, 4, 4) * 2
+
+    torch.manual_seed(0)
+    model, x = Apply(reshaped_part).eval(), torch.randn(1, 2, 12, 16)
+    gm, record = run_pass(RemoveLayoutCopies(), exported(model, x), x)
+    assert record.rewrites == 1
+    assert torch.equal(gm(x), model(x))
