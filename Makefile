@@ -74,9 +74,10 @@ zoo: $(STAMP)
 zoo-quick: $(STAMP)
 	$(PY) -m model_zoo_checks --quick $(ZOO_ARGS)
 
-# Mutation testing of the passes (docs/pages/checking.md): mutmut, configured in
-# pyproject.toml's [tool.mutmut], plants one small change at a time in fxmobile/passes,
-# fxmobile/script and the backends' passes, and runs the tests that called the changed function.
+# Mutation testing (docs/pages/checking.md): mutmut, configured in pyproject.toml's
+# [tool.mutmut], plants one small change at a time in fxmobile/passes, fxmobile/script, the
+# backends' passes and the capture's checks beyond the example inputs, and runs the tests that
+# called the changed function.
 # One worker (the machine is shared). Results accumulate in mutants/: a second run retests only
 # the functions that changed (delete mutants/ for a fresh run). MUTANTS='fxmobile.script.fuse_clamp*'
 # runs some; `.venv/bin/mutmut show NAME` prints a mutant's diff, `mutmut results` the survivors.

@@ -12,7 +12,12 @@ One entry per ``model/backend``. A run regresses when, for an entry in the basel
 - runtime: on a reference runtime (``--runtime``) the file loaded before and now does not, or
   it matched eager before and now differs (or fails to run);
 - runtime_ratio: fxmobile's file over upstream's ``optimize_for_mobile`` file, median latency
-  on torch 2.12.1's XNNPACK, above the baseline ratio by more than ``latency_margin``.
+  on torch 2.12.1's XNNPACK, above the baseline ratio by more than ``latency_margin``;
+- delegate_calls, portable_ops (``--runtime executorch``, whose baseline is a file of its own,
+  ``baseline-executorch.json``): fxmobile's ExecuTorch program makes more calls into the XNNPACK
+  delegate, or leaves more op calls on portable kernels, than before. Its status and relative
+  error are its program's (a program that went through and no longer does is a status
+  regression); ExecuTorch's own program is kept beside it for the reader, never compared.
 
 A NaN error or ratio is never within a bound (every comparison is written ``not new <= bound``).
 The run confirms a latency regression by timing the model again alone before reporting it
@@ -28,15 +33,17 @@ import dataclasses
 import enum
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
 from model_zoo_checks.results import (
+    FXMOBILE,
     NOT_LOADED,
     PASSED_ON_RUNTIME,
     ModelResult,
+    ProgramRecord,
     Status,
     record_from_dict,
     record_to_dict,
@@ -44,6 +51,12 @@ from model_zoo_checks.results import (
 
 VERSION = 1
 DEFAULT_PATH = Path(__file__).with_name("baseline.json")
+EXECUTORCH_PATH = Path(__file__).with_name("baseline-executorch.json")  # --runtime executorch
+
+
+def default_path(executorch: bool) -> Path:
+    """The committed baseline of a run: the lite-interpreter file's, or ExecuTorch's."""
+    return EXECUTORCH_PATH if executorch else DEFAULT_PATH
 
 
 @dataclass(frozen=True)
@@ -65,7 +78,8 @@ class Thresholds:
 
 
 class Metric(enum.StrEnum):
-    """What a regression is about; each value is the field of ``BaselineEntry`` it compares."""
+    """What a regression is about; each value is the field of ``BaselineEntry`` it compares
+    (the last two: of its fxmobile ``ProgramEntry``)."""
 
     STATUS = "status"
     RELATIVE_ERROR = "relative_error"
@@ -73,6 +87,8 @@ class Metric(enum.StrEnum):
     LATENCY_RATIO = "latency_ratio"
     RUNTIME = "runtime"
     RUNTIME_RATIO = "runtime_ratio"
+    DELEGATE_CALLS = "delegate_calls"
+    PORTABLE_OPS = "portable_ops"
 
 
 LATENCY_METRICS = frozenset({Metric.LATENCY_RATIO, Metric.RUNTIME_RATIO})
@@ -114,6 +130,34 @@ class Regression:
 
 
 @dataclass(frozen=True)
+class ProgramEntry:
+    """What the baseline keeps of one flow's ExecuTorch program (``ProgramRecord``): no
+    milliseconds or seconds, which do not carry from run to run."""
+
+    through: bool
+    passed: bool
+    error: str | None = None
+    relative_error: float | None = None
+    delegate_calls: int | None = None
+    portable_ops: int | None = None
+    portable_by_op: dict[str, int] = field(default_factory=dict)
+    nbytes: int | None = None
+
+    @classmethod
+    def from_record(cls, record: ProgramRecord) -> ProgramEntry:
+        return cls(
+            through=record.through,
+            passed=record.passed,
+            error=record.error,
+            relative_error=record.relative_error,
+            delegate_calls=record.delegate_calls,
+            portable_ops=record.portable_ops,
+            portable_by_op=dict(sorted(record.portable_by_op.items())),
+            nbytes=record.nbytes,
+        )
+
+
+@dataclass(frozen=True)
 class BaselineEntry:
     """What the baseline keeps of one ``ModelResult``: the figures a later run is compared on.
 
@@ -133,6 +177,7 @@ class BaselineEntry:
     latency_ratio: float | None = None
     runtimes: dict[str, str] = field(default_factory=dict)  # runtime -> RuntimeRecord.verdict
     runtime_ratio: float | None = None
+    programs: dict[str, ProgramEntry] = field(default_factory=dict)  # --runtime executorch
 
     @classmethod
     def from_result(cls, result: ModelResult) -> BaselineEntry:
@@ -149,21 +194,31 @@ class BaselineEntry:
             latency_ratio=result.latency_ratio,
             runtimes={v: r.verdict for v, r in sorted(result.runtimes.items())},
             runtime_ratio=result.runtime_ratio,
+            programs={f: ProgramEntry.from_record(p) for f, p in sorted(result.programs.items())},
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return record_to_dict(self)
+        data = record_to_dict(self)
+        if not self.programs:  # the lite-interpreter baseline reads as it did
+            del data["programs"]
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BaselineEntry:
-        return record_from_dict(cls, data)
+        entry = record_from_dict(cls, data)
+        programs = {
+            f: ProgramEntry(**p) if isinstance(p, Mapping) else p for f, p in entry.programs.items()
+        }
+        return dataclasses.replace(entry, programs=programs)
 
 
 Baseline = dict[str, BaselineEntry]  # keyed by ModelResult.id: "resnet18/cpu"
 
 
-def load(path: Path) -> Baseline:
-    """The baseline at ``path``; empty when the file does not exist."""
+def load(path: Path, executorch: bool | None = None) -> Baseline:
+    """The baseline at ``path``; empty when the file does not exist. With ``executorch`` given,
+    ``ValueError`` when the file is the other run's baseline (an ExecuTorch baseline's entries
+    carry programs, the lite-interpreter baseline's do not)."""
     if not path.exists():
         return {}
     data = json.loads(path.read_text())
@@ -172,7 +227,19 @@ def load(path: Path) -> Baseline:
             f"{path}: baseline version {data.get('version')!r}, this runner reads {VERSION}; "
             f"regenerate it with --update-baseline"
         )
-    return {key: BaselineEntry.from_dict(entry) for key, entry in data["entries"].items()}
+    baseline = {key: BaselineEntry.from_dict(entry) for key, entry in data["entries"].items()}
+    has_programs = any(entry.programs for entry in baseline.values())
+    if baseline and executorch is not None and has_programs != executorch:
+        which, right = (
+            ("the lite-interpreter file's", EXECUTORCH_PATH)
+            if executorch
+            else ("an ExecuTorch run's", DEFAULT_PATH)
+        )
+        raise ValueError(
+            f"{path} is {which} baseline, not this run's: pass --baseline {right.name} "
+            f"(or leave --baseline out)"
+        )
+    return baseline
 
 
 def save(baseline: Baseline, path: Path) -> None:
@@ -253,6 +320,7 @@ def _regressions(new: ModelResult, old: BaselineEntry, limits: Thresholds) -> li
         if stopped_loading or (was == PASSED_ON_RUNTIME and not record.passed):
             detail = f"torch {version}: {record.error or 'outputs differ from eager'}"
             found.append(regression(Metric.RUNTIME, was, record.verdict, detail=detail))
+    found += _program_regressions(new, old, regression)
     for metric, old_ratio, new_ratio in (
         (Metric.LATENCY_RATIO, old.latency_ratio, new.latency_ratio),
         (Metric.RUNTIME_RATIO, old.runtime_ratio, new.runtime_ratio),
@@ -262,6 +330,36 @@ def _regressions(new: ModelResult, old: BaselineEntry, limits: Thresholds) -> li
             if not new_ratio <= bound:
                 found.append(regression(metric, old_ratio, new_ratio, bound))
     return found
+
+
+def _program_regressions(
+    new: ModelResult, old: BaselineEntry, regression: Callable[..., Regression]
+) -> list[Regression]:
+    """More delegate calls or portable ops in fxmobile's ExecuTorch program than before."""
+    ours, was = new.programs.get(FXMOBILE), old.programs.get(FXMOBILE)
+    if ours is None or was is None:
+        return []
+    found = []
+    if _grew(was.delegate_calls, ours.delegate_calls):
+        found.append(
+            regression(
+                Metric.DELEGATE_CALLS,
+                was.delegate_calls,
+                ours.delegate_calls,
+                detail="fxmobile's program makes more calls into the XNNPACK delegate",
+            )
+        )
+    if _grew(was.portable_ops, ours.portable_ops):
+        grown = _grown(was.portable_by_op, ours.portable_by_op)
+        detail = f"fxmobile's program leaves more on portable kernels: {grown}"
+        found.append(
+            regression(Metric.PORTABLE_OPS, was.portable_ops, ours.portable_ops, None, detail)
+        )
+    return found
+
+
+def _grew(before: int | None, after: int | None) -> bool:
+    return before is not None and after is not None and after > before
 
 
 def _finite(value: float | None) -> TypeGuard[float]:

@@ -3,9 +3,9 @@ in, so a run that is killed (the OOM killer took three zoo shards at once on thi
 machine, and with them an hour of results) goes on where it stopped with ``--resume``.
 
 One line per model: the JSON list of its results, one per backend. On resume the lines that
-parse are kept (a line cut short by the kill, or written by a runner whose results had other
-fields, is dropped, and its model runs again) and the file is rewritten with them before
-anything is appended.
+parse are kept (a line cut short by the kill, written by a runner whose results had other
+fields, or by the other kind of run, lite-interpreter file or ExecuTorch programs, is dropped,
+and its model runs again) and the file is rewritten with them before anything is appended.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from model_zoo_checks.output_executorch import on_executorch
 from model_zoo_checks.results import ModelResult
 from model_zoo_checks.zoo import ZooModel
 
@@ -24,10 +25,11 @@ class Journal:
     """The run's journal file (see the module docstring); ``path`` None keeps no journal.
 
     Opening it truncates the file, unless ``resume`` is set, in which case the complete lines
-    are kept and their results are in ``previous``, keyed by model key.
+    of this kind of run (``executorch``: results made for ExecuTorch) are kept and
+    their results are in ``previous``, keyed by model key.
     """
 
-    def __init__(self, path: Path | None, resume: bool = False) -> None:
+    def __init__(self, path: Path | None, resume: bool = False, executorch: bool = False) -> None:
         self.path = path
         self.previous: dict[str, list[ModelResult]] = {}
         if path is None:
@@ -40,6 +42,8 @@ class Journal:
                 results = [ModelResult.from_dict(d) for d in json.loads(line)]
             except (ValueError, KeyError, TypeError, AttributeError):
                 continue  # cut short by a kill, or written by another version: run it again
+            if on_executorch(results) != executorch:
+                continue  # the other kind of run's
             if results:
                 self.previous[results[0].key] = results
                 kept.append(line)

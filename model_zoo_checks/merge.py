@@ -24,6 +24,7 @@ from model_zoo_checks.output import (
     runtime_counts,
     write_outputs,
 )
+from model_zoo_checks.output_executorch import on_executorch
 from model_zoo_checks.results import ModelResult
 
 
@@ -41,7 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("shards", nargs="+", type=Path, metavar="ZOO_JSON")
     p.add_argument("--out", type=Path, metavar="DIR", help="write the merged zoo.json and zoo.md")
-    p.add_argument("--baseline", type=Path, default=baseline_io.DEFAULT_PATH, metavar="JSON")
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="JSON",
+        help="default: model_zoo_checks/baseline.json (shards of --runtime executorch: "
+        "model_zoo_checks/baseline-executorch.json)",
+    )
     p.add_argument("--no-compare", action="store_true", help="do not compare (exit 0)")
     p.add_argument(
         "--update-baseline", action="store_true", help="merge the results into the baseline"
@@ -108,10 +115,16 @@ def main(argv: Sequence[str]) -> int:
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    executorch = on_executorch(results)
+    args.baseline = args.baseline or baseline_io.default_path(executorch)
+    try:
+        old = baseline_io.load(args.baseline, executorch)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(render_table(results))
     for line in render_problems(results) + runtime_counts(results):
         print(f"  {line}")
-    old = baseline_io.load(args.baseline)
     thresholds = baseline_io.Thresholds(**meta["thresholds"])
     regressions = [] if args.no_compare else baseline_io.compare(results, old, thresholds)
     for line in regression_lines(regressions, args.baseline, not args.no_compare):

@@ -10,6 +10,7 @@ from typing import Any
 from tabulate import tabulate
 
 from model_zoo_checks.baseline import Regression
+from model_zoo_checks.output_executorch import on_executorch, program_counts, render_programs_table
 from model_zoo_checks.results import ModelResult, Status
 
 HEADERS = [
@@ -87,7 +88,10 @@ def render_table(results: Sequence[ModelResult], fmt: str = "simple") -> str:
     """One row per result; with runtime records, a column per runtime (the file's verdict and
     relative error there) and the 2.12.1 latency run (each header names runtime and kernels).
     Latency columns are medians in ms, batch 1; eager and optimized ran here, torch 2.15, on
-    ATen and on fxmobile._C."""
+    ATen and on fxmobile._C. Results of ``--runtime executorch`` have a table of their own
+    (``output_executorch.render_programs_table``)."""
+    if on_executorch(results):
+        return render_programs_table(results, fmt)
     versions = runtime_versions_of(results)
     if not versions:
         return tabulate([_row(r) for r in results], headers=HEADERS, tablefmt=fmt)
@@ -97,8 +101,9 @@ def render_table(results: Sequence[ModelResult], fmt: str = "simple") -> str:
 
 
 def runtime_counts(results: Sequence[ModelResult]) -> list[str]:
-    """Per runtime: how many files loaded and how many matched eager, of those checked."""
-    lines = []
+    """Per runtime: how many files loaded and how many matched eager, of those checked; with
+    ExecuTorch programs, the counts of both flows per kind (``output_executorch``)."""
+    lines = program_counts(results)
     for version in runtime_versions_of(results):
         records = [r.runtimes[version] for r in results if version in r.runtimes]
         loads = sum(record.loads for record in records)
@@ -148,7 +153,7 @@ def render_markdown(
     naming each latency column's runtime and kernels), the regressions, and what did not pass."""
     parts = ["# fxmobile model zoo run", ""]
     parts += [f"- {key}: {value}" for key, value in meta.items()]
-    parts += [f"- {line}" for line in runtime_counts(results)]
+    parts += _bullets(runtime_counts(results))
     parts += ["", render_table(results, "github"), "", "## Regressions against the baseline", ""]
     parts += [f"- {r}" for r in regressions] or ["None."]
     problems = render_problems(results)
@@ -156,6 +161,15 @@ def render_markdown(
         parts += ["", "## Not passed (errors, failed checks, unsupported, skipped)", ""]
         parts += [f"- {line}" for line in problems]
     return "\n".join(parts) + "\n"
+
+
+def _bullets(lines: Sequence[str]) -> list[str]:
+    """Lines indented by two spaces a level as a nested Markdown list."""
+    items = []
+    for line in lines:
+        text = line.lstrip(" ")
+        items.append("  " * ((len(line) - len(text)) // 2) + f"- {text}")
+    return items
 
 
 def to_json(

@@ -55,6 +55,36 @@ RUNTIME_LATENCY = {
 }
 LATENCY_RUNTIME = "2.12.1"  # the runtime with real XNNPACK kernels, where files are timed
 
+# The two flows of ``--runtime executorch`` (``model_zoo_checks.on_executorch``), in table order.
+FXMOBILE = "fxmobile"  # fxmobile.optimize(..., target_runtime="executorch"), its gate on
+EXECUTORCH = "executorch"  # ExecuTorch's own flow: export, to_edge_transform_and_lower, program
+FLOWS = (FXMOBILE, EXECUTORCH)
+
+
+@dataclass
+class ProgramRecord:
+    """One flow's ExecuTorch program of one model (``--runtime executorch``), against eager."""
+
+    flow: str  # FXMOBILE or EXECUTORCH
+    through: bool = False  # made a program that ExecuTorch's runtime ran
+    passed: bool = False  # through, and every output within the model's tolerance
+    error: str | None = None  # why it did not go through, or the mismatch
+    relative_error: float | None = None
+    delegate_calls: int | None = None
+    portable_ops: int | None = None  # op calls left on portable kernels
+    portable_by_op: dict[str, int] = field(default_factory=dict)
+    nbytes: int | None = None
+    seconds: float | None = None  # making the program (fxmobile's: its checks included)
+    median_ms: float | None = None  # batch 1, this process's ExecuTorch runtime, XNNPACK
+    p10_ms: float | None = None
+
+    @property
+    def verdict(self) -> str:
+        """``matched``, ``differs`` (through, outside the tolerance) or ``not through``."""
+        if self.passed:
+            return "matched"
+        return "differs" if self.through else "not through"
+
 
 @dataclass
 class ModelResult:
@@ -62,7 +92,8 @@ class ModelResult:
 
     Latencies are medians in milliseconds at batch 1, CPU only: ``eager_ms`` and
     ``optimized_ms`` ran in this process on torch 2.15 (eager on ATen, the optimized module on
-    fxmobile._C's kernels); ``runtime_ms`` ran on torch 2.12.1 (see ``RUNTIME_LATENCY``).
+    fxmobile._C's kernels); ``runtime_ms`` ran on torch 2.12.1 (see ``RUNTIME_LATENCY``); a
+    program's ``median_ms`` (``programs``) in this process's ExecuTorch runtime, on XNNPACK.
     Fields a run did not measure stay None or empty.
     """
 
@@ -71,7 +102,7 @@ class ModelResult:
     kind: str
     family: str
     backend: str  # cpu, vulkan, metal
-    route: str  # fx or script
+    route: str  # fx or script (--runtime executorch: the eager model, whatever the route)
     input_shape: list[int]
     status: Status
     error: str | None = None  # "ExceptionType: first line", or the failed check
@@ -92,6 +123,13 @@ class ModelResult:
     runtime_p10_ms: dict[str, float] = field(default_factory=dict)
     # A flagged latency regression is timed again alone; the first figures are kept here.
     retimed_from: dict[str, float | None] = field(default_factory=dict)
+    eager_p10_ms: float | None = None  # 10th percentile beside eager_ms
+    # What the model was made for, as fxmobile.optimize's target_runtime: None (a lite file for
+    # torch here), a reference runtime's version (--runtime), or "executorch" (its programs)
+    target_runtime: str | None = None
+    # --runtime executorch: each flow's program (FLOWS keys); status, error and relative_error
+    # above are then fxmobile's program's, and no lite-interpreter file is made
+    programs: dict[str, ProgramRecord] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -130,6 +168,10 @@ class ModelResult:
         result.runtimes = {
             v: RuntimeRecord(**r) if isinstance(r, Mapping) else r
             for v, r in result.runtimes.items()
+        }
+        result.programs = {
+            flow: ProgramRecord(**p) if isinstance(p, Mapping) else p
+            for flow, p in result.programs.items()
         }
         return result
 

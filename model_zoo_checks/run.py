@@ -7,6 +7,10 @@ with the committed baseline and exits 1 when something regressed (see
 model again alone, ``model_zoo_checks.confirm``). ``--update-baseline`` merges this run's
 results into the baseline instead of failing.
 
+``--runtime executorch`` makes no lite-interpreter file: each model becomes an ExecuTorch
+program for XNNPACK by fxmobile's flow and by ExecuTorch's own (``model_zoo_checks.on_executorch``),
+against a baseline of its own (``baseline-executorch.json``).
+
 ``--shard I/N`` runs every N-th model of the selection starting at the I-th, so N machines
 cover it; ``python -m model_zoo_checks merge DIR/zoo.json ...`` (``model_zoo_checks.merge``)
 joins their JSON into one table and one baseline check.
@@ -27,6 +31,7 @@ from typing import Any
 from tabulate import tabulate
 
 from fxmobile import Backend
+from fxmobile.api import EXECUTORCH
 from fxmobile.cli.common import blocklist_member
 from fxmobile.runtime import RUNTIMES, RuntimeNotInstalledError, require_installed
 from model_zoo_checks import baseline as baseline_io
@@ -101,11 +106,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--runtime",
-        choices=[*RUNTIMES, "all"],
-        metavar="VERSION",
-        help="also load and run each CPU file on this reference runtime (1.13.1, 2.12.1, or "
-        "all; `make runtimes` installs them); on 2.12.1, time it against upstream's "
-        "optimize_for_mobile file and eager",
+        choices=[*RUNTIMES, "all", EXECUTORCH],
+        metavar="RUNTIME",
+        help="1.13.1, 2.12.1 or all: also load and run each CPU file on this reference runtime "
+        "(`make runtimes` installs them); on 2.12.1, time it against upstream's "
+        "optimize_for_mobile file and eager. executorch: instead of the lite-interpreter file, "
+        "make each model's ExecuTorch program for XNNPACK with fxmobile "
+        "(target_runtime='executorch') and with ExecuTorch's own flow (export, "
+        "to_edge_transform_and_lower, XnnpackPartitioner), run both in ExecuTorch's runtime "
+        "against eager and count their delegate calls and portable ops (with --rounds, time "
+        "both and eager); CPU only, compared with model_zoo_checks/baseline-executorch.json",
     )
     run.add_argument(
         "--shard",
@@ -128,9 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     base.add_argument(
         "--baseline",
         type=Path,
-        default=baseline_io.DEFAULT_PATH,
         metavar="JSON",
-        help="default: model_zoo_checks/baseline.json",
+        help="default: model_zoo_checks/baseline.json (--runtime executorch: "
+        "model_zoo_checks/baseline-executorch.json)",
     )
     base.add_argument(
         "--update-baseline",
@@ -246,7 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     0 clean (or ``--list``, ``--no-compare``, ``--update-baseline``), 1 a confirmed regression,
     2 bad arguments: an unknown model, an empty selection, a reference runtime not installed,
-    ``--resume`` without ``--out``.
+    ``--resume`` without ``--out``, ``--runtime executorch`` with a GPU backend or without
+    ExecuTorch installed, a baseline of the other kind of run.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["merge"]:
@@ -270,6 +281,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not entries:
         print("error: no model matches the selection (see --list)", file=sys.stderr)
         return 2
+    executorch = args.runtime == EXECUTORCH
+    refusal = _refuse_executorch(args) if executorch else None
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
+    args.baseline = args.baseline or baseline_io.default_path(executorch)
     options = RunOptions(
         backends=tuple(Backend(b) for b in dict.fromkeys(args.backend)),
         rounds=args.rounds,
@@ -282,7 +299,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         isolate=args.isolate,
         memory_limit_gib=args.memory_limit,
         timeout=args.timeout,
-        runtimes=runtime_versions(args.runtime),
+        runtimes=() if executorch else runtime_versions(args.runtime),
+        executorch=executorch,
     )
     for version in options.runtimes:
         try:
@@ -298,7 +316,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.resume and not args.out:
         print("error: --resume needs --out (the journal is DIR/journal.jsonl)", file=sys.stderr)
         return 2
-    journal = Journal(args.out / JOURNAL if args.out else None, args.resume)
+    try:
+        old = baseline_io.load(args.baseline, executorch)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    journal = Journal(args.out / JOURNAL if args.out else None, args.resume, executorch)
     done = journal.results_for(entries)
     todo = [e for e in entries if e.key not in journal.keys]
     if journal.keys:
@@ -309,7 +332,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     seconds = time.monotonic() - start
     results = [r for e in entries for r in (*done, *fresh) if r.key == e.key]  # catalogue order
 
-    old = baseline_io.load(args.baseline)
     regressions: list[baseline_io.Regression] = []
     not_confirmed: list[str] = []
     if not args.no_compare:
@@ -341,6 +363,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if regressions else 0
 
 
+def _refuse_executorch(args: argparse.Namespace) -> str | None:
+    """Why ``--runtime executorch`` cannot run with these arguments, or None."""
+    import fxmobile.executorch
+
+    if set(args.backend) != {Backend.CPU.value}:
+        return (
+            f"--runtime executorch makes programs for XNNPACK, a CPU delegate: drop "
+            f"--backend {' '.join(args.backend)} (or run the GPU backends without it)"
+        )
+    if not fxmobile.executorch.available():
+        hint = fxmobile.executorch.INSTALL_HINT
+        return f"--runtime executorch needs ExecuTorch, which is not installed: {hint}"
+    return None
+
+
 def _meta(
     args: argparse.Namespace,
     options: RunOptions,
@@ -363,7 +400,7 @@ def _meta(
         "warmup": options.warmup,
         "threads": options.threads,
         "blocklist": sorted(m.name for m in options.blocklist),
-        "runtimes": list(options.runtimes),
+        "runtimes": [EXECUTORCH] if options.executorch else list(options.runtimes),
         "shard": None if args.shard is None else "/".join(map(str, args.shard)),
         "thresholds": vars(thresholds),
         "baseline": str(args.baseline),

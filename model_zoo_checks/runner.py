@@ -8,6 +8,10 @@ Vulkan device cannot run on this machine, and without it the numerics can be che
 
 A model that raises is recorded with its error and the run goes on. Giants (and every model with
 ``isolate``) run in a child process under a memory guard (``python -m model_zoo_checks.worker``).
+
+With ``RunOptions.executorch`` (``--runtime executorch``) no lite-interpreter file is made: the
+eager model goes to ExecuTorch by fxmobile's flow and by ExecuTorch's own
+(``model_zoo_checks.on_executorch``), one CPU result per model carrying both programs.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from tqdm.auto import tqdm
 
 import fxmobile
 from fxmobile import Backend, MobileOptimizerType
+from fxmobile.api import EXECUTORCH
 from fxmobile.script.quiet_script import quietly_script
 from fxmobile.timing import interleaved_medians
 from fxmobile.verify import run_model
@@ -55,6 +60,16 @@ class RunOptions:
     memory_limit_gib: float = 20.0
     timeout: float = 1800.0
     runtimes: tuple[str, ...] = ()  # reference runtimes the CPU file goes to (on_runtimes)
+    # --runtime executorch: both flows' ExecuTorch programs instead of the file (on_executorch)
+    executorch: bool = False
+
+    def target_runtime(self, backend: Backend) -> str | None:
+        """What a model is made for on ``backend``: ExecuTorch (``executorch``, its programs),
+        the oldest reference runtime (one CPU file for every selected runtime, its operators
+        written out for the oldest), or None (the lite-interpreter file for torch here)."""
+        if self.executorch:
+            return EXECUTORCH
+        return self.runtimes[0] if backend is Backend.CPU and self.runtimes else None
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
@@ -74,10 +89,13 @@ class RunOptions:
 def check_model(entry: ZooModel, options: RunOptions) -> list[ModelResult]:
     """One result per backend; never raises for a model's failure."""
     if entry.unsupported and not options.include_unsupported:
-        return [_not_run(entry, b, Status.UNSUPPORTED, entry.unsupported) for b in options.backends]
+        return [
+            _not_run(entry, b, Status.UNSUPPORTED, entry.unsupported, options)
+            for b in options.backends
+        ]
     if entry.giant and options.skip_giants:
         reason = "giant skipped (--skip-giants)"
-        return [_not_run(entry, b, Status.SKIPPED, reason) for b in options.backends]
+        return [_not_run(entry, b, Status.SKIPPED, reason, options) for b in options.backends]
     if entry.giant or options.isolate:
         return check_in_child(entry, options)
     return check_here(entry, options)
@@ -102,7 +120,8 @@ def check_in_child(entry: ZooModel, options: RunOptions) -> list[ModelResult]:
     except GuardError as exc:
         seconds = time.perf_counter() - start
         return [
-            _not_run(entry, b, Status.ERROR, first_line(exc), seconds) for b in options.backends
+            _not_run(entry, b, Status.ERROR, first_line(exc), options, seconds)
+            for b in options.backends
         ]
     return [ModelResult.from_dict(d) for d in data]
 
@@ -113,6 +132,7 @@ def check_here(entry: ZooModel, options: RunOptions) -> list[ModelResult]:
 
     Sets torch's thread count to ``options.threads`` for the process (and leaves it so). Each
     result's ``seconds`` is that backend's wall time; the first backend's includes the build.
+    With ``options.executorch``, one result: the model on ExecuTorch (``_check_on_executorch``).
     """
     torch.set_num_threads(options.threads)
     start = time.perf_counter()
@@ -121,16 +141,24 @@ def check_here(entry: ZooModel, options: RunOptions) -> list[ModelResult]:
         try:
             model = entry.build_randomized()
             inputs = entry.example_inputs()
-            module = model if entry.route is Route.FX else quietly_script(model)
+            # ExecuTorch takes the eager model (torch.export), whatever the lite route
+            scripted = entry.route is Route.SCRIPT and not options.executorch
+            module = quietly_script(model) if scripted else model
         except Exception as exc:
             error = f"building: {first_line(exc)}"
             seconds = time.perf_counter() - start
-            return [_not_run(entry, b, Status.ERROR, error, seconds) for b in options.backends]
-        for backend in options.backends:
-            result = _check_backend(entry, model, module, inputs, backend, options)
-            result.seconds = time.perf_counter() - start  # the first backend pays for the build
-            results.append(result)
-            start = time.perf_counter()
+            return [
+                _not_run(entry, b, Status.ERROR, error, options, seconds) for b in options.backends
+            ]
+        if options.executorch:
+            results.append(_check_on_executorch(entry, model, inputs, options))
+            results[-1].seconds = time.perf_counter() - start
+        else:
+            for backend in options.backends:
+                result = _check_backend(entry, model, module, inputs, backend, options)
+                result.seconds = time.perf_counter() - start  # the first pays for the build
+                results.append(result)
+                start = time.perf_counter()
         del model, module, inputs
     gc.collect()
     return results
@@ -144,14 +172,13 @@ def _check_backend(
     backend: Backend,
     options: RunOptions,
 ) -> ModelResult:
-    result = _not_run(entry, backend, Status.ERROR, None)
+    result = _not_run(entry, backend, Status.ERROR, None, options)
     blocklist = set(options.blocklist)
     if backend is Backend.VULKAN:
         blocklist.add(MobileOptimizerType.VULKAN_AUTOMATIC_GPU_TRANSFER)
     try:
         start = time.perf_counter()
-        # one file for every selected runtime: made for the oldest (its operators written out)
-        target = options.runtimes[0] if backend is Backend.CPU and options.runtimes else None
+        target = options.target_runtime(backend)
         mobile = fxmobile.optimize(
             module,
             blocklist,
@@ -181,6 +208,7 @@ def _check_backend(
                 candidates, _rounds(candidates, options), warmup=options.warmup
             )
             result.eager_ms = timings["eager"].median_ms
+            result.eager_p10_ms = timings["eager"].p10_ms
             result.optimized_ms = timings["optimized"].median_ms
     except Exception as exc:
         result.error = first_line(exc)
@@ -188,6 +216,32 @@ def _check_backend(
     result.status, result.error = _verdict(result)
     if backend is Backend.CPU and options.runtimes:
         _on_runtimes(result, module, mobile, inputs, options)
+    return result
+
+
+def _check_on_executorch(
+    entry: ZooModel, model: torch.nn.Module, inputs: tuple[Any, ...], options: RunOptions
+) -> ModelResult:
+    """The eager model made into an ExecuTorch program by both flows
+    (``model_zoo_checks.on_executorch``): one CPU result; a check that raises is an error."""
+    from model_zoo_checks.on_executorch import check_on_executorch, fill_result
+
+    result = _not_run(entry, Backend.CPU, Status.ERROR, None, options)
+    rounds = None if options.rounds <= 0 else lambda candidates: _rounds(candidates, options)
+    try:
+        records, eager = check_on_executorch(
+            model,
+            inputs,
+            entry.tolerance,
+            options.threads,
+            rounds,
+            warmup=options.warmup,
+            blocklist=options.blocklist,
+        )
+    except Exception as exc:  # eager itself, or the runtime's thread pool
+        result.error = first_line(exc)
+        return result
+    fill_result(result, records, eager)
     return result
 
 
@@ -255,7 +309,12 @@ def same_top5(eager: torch.Tensor, optimized: torch.Tensor) -> bool:
 
 
 def _not_run(
-    entry: ZooModel, backend: Backend, status: Status, why: str | None, seconds: float = 0.0
+    entry: ZooModel,
+    backend: Backend,
+    status: Status,
+    why: str | None,
+    options: RunOptions,
+    seconds: float = 0.0,
 ) -> ModelResult:
     return ModelResult(
         key=entry.key,
@@ -269,6 +328,7 @@ def _not_run(
         error=why,
         tolerance=entry.tolerance,
         seconds=seconds,
+        target_runtime=options.target_runtime(backend),
     )
 
 
