@@ -15,12 +15,23 @@ must:
   in the CPU module no BN on running statistics, no dropout, no conv2d / linear left unpacked,
   clamps fused where they can be (``tests.fuzz.script_structure``);
 - leave the caller's model and example inputs exactly as they were and share no storage
-  with the model;
-- or be refused, only where the README documents refusing such a model
-  (``tests.fuzz.expect``): any other refusal, crash or exception is a failure. fxmobile's gate
-  may fail a correct model only where eager's rounding noise reaches its tolerance.
+  with the model; start from the caller's call counts (a buffer forward increments), and count
+  on from there as eager does; keep a random draw a graph node (eager and the optimized module,
+  seeded alike, draw the same numbers); report an optional input left at None;
+- on one more input drawn for the check (``tests.fuzz.probes``): the example with NaN and
+  infinities (NaN and infinities where eager has them), in another memory layout, or of
+  another batch size, compute what eager computes there;
+- or be refused, only where the docs (``docs/pages``) document refusing such a model
+  (``tests.fuzz.expect``: seed calls, generators, control flow in forward itself...): any
+  other refusal, crash or exception is a failure. fxmobile's gate may fail a correct model only
+  where eager's rounding noise reaches its tolerance (by the output's dtype), or where the
+  docs say it refuses the model.
 
-Profiles: ``make test`` runs 500 models per stage, derandomized (the same models every run).
+The models are float32, float64, float16 or bfloat16, and may branch on a value's layout, dtype
+or shape, draw random numbers or seed the generator in forward, count their calls, or take an
+optional input left at None (``tests.fuzz.dynamic``).
+
+Profiles: ``make test`` runs 150 models per stage, derandomized (the same models every run).
 ``FXMOBILE_FUZZ_EXAMPLES=20000`` (``make fuzz-long``) runs that many, with a fresh random seed
 each run; a failure prints its ``@reproduce_failure`` blob and the minimal program, and
 ``--hypothesis-seed=N`` repeats a run. Every failure found becomes a ``test_regression_*`` in
@@ -51,11 +62,13 @@ from fxmobile.script.fuse_clamp import FuseClamp
 from tests.fuzz.build import build
 from tests.fuzz.check import FUZZ, STAGES, Stage, check_model, report_coverage
 from tests.fuzz.draw import model_specs
+from tests.fuzz.dynamic import BRANCH_CONDITIONS, RANDOM_CALLS
 from tests.fuzz.findings import OpenFinding, open_finding
 from tests.fuzz.hooks import HOOKS, hook_calls
 from tests.fuzz.layers import PARAMETRIZATIONS, SUBCLASS_EXTRAS
 from tests.fuzz.oracle import RoundingJitter, assert_close_to_anchor, leaves, results, run
 from tests.fuzz.outputs import OUTPUT_TYPES
+from tests.fuzz.probes import PROBES
 from tests.fuzz.programs import batch_statistics_after_a_bn_chain
 from tests.fuzz.script_structure import check_script_structure
 from tests.fuzz.spec import Block, HookSpec, Kind, Layout, ModelSpec, Value
@@ -255,8 +268,9 @@ def test_generated_models_are_valid_and_traceable() -> None:
             assert t.dtype == v.dtype, spec
         assert_outputs_identical(leaves(out), leaves(run(model, spec)[0]))
         blocks = spec.blocks
+        dynamic = (Kind.CACHE, Kind.BRANCH, Kind.RANDOM, Kind.COUNTER)  # state, branches, draws
         if not spec.root_hooks and not any(
-            b.options.get("subclass") or b.kind is Kind.CACHE or b.options.get("write") == "setitem"
+            b.options.get("subclass") or b.kind in dynamic or b.options.get("write") == "setitem"
             for b in blocks
         ):
             gm = fx.symbolic_trace(copy.deepcopy(model))
@@ -269,12 +283,13 @@ def test_generated_models_are_valid_and_traceable() -> None:
 
 
 def test_generator_draws_every_idiom() -> None:
-    """Over 1,500 draws (drawing is cheap: no model is built or checked), every idiom shows
+    """Over 3,000 draws (drawing is cheap: no model is built or checked), every idiom shows
     up: each hook, parametrization, subclass, view op (in one spelling or another), write,
-    copy, cache pattern and output container."""
+    copy, cache pattern and output container; each block kind, branch, random call, dtype and
+    check-time probe, and an optional input left at None."""
     seen: set[str] = set()
 
-    @settings(max_examples=1500, derandomize=True, database=None, deadline=None)
+    @settings(max_examples=3000, derandomize=True, database=None, deadline=None)
     @given(spec=model_specs())
     def collect(spec: ModelSpec) -> None:
         seen.add(f"output {spec.output_type}")
@@ -290,6 +305,15 @@ def test_generator_draws_every_idiom() -> None:
                 seen.add(f"copy {b.options['copy']}")
             if b.kind is Kind.CACHE:
                 seen.add(f"cache {b.options['pattern']}")
+            if b.kind is Kind.BRANCH:
+                seen.add(f"branch {b.options['on']} {b.form}")
+            if b.kind is Kind.RANDOM:
+                seen.add(f"random {b.options['call']}")
+            seen.add(f"kind {b.kind.value}")
+        seen.add(f"dtype {spec.input.dtype}")
+        seen.add(f"probe {spec.probe}")
+        if spec.optional_input:
+            seen.add("optional input")
 
     collect()
     wanted = {f"output {t}" for t in OUTPUT_TYPES} | {f"hook {h}" for h in HOOKS}
@@ -298,7 +322,11 @@ def test_generator_draws_every_idiom() -> None:
         f"view {v.family}" for v in VIEWS.values()
     }
     wanted |= {f"write {w}" for w in WRITES} | {f"copy {c}" for c in (None, *COPIES)}
-    wanted |= {"cache dict", "cache levit"}
+    wanted |= {"cache dict", "cache levit", "optional input"}
+    wanted |= {f"branch {on} {form}" for on in BRANCH_CONDITIONS for form in ("module", "inline")}
+    wanted |= {f"random {call}" for call in RANDOM_CALLS} | {f"kind {k.value}" for k in Kind}
+    wanted |= {f"dtype {t}" for t in (torch.float32, torch.float64, torch.float16, torch.bfloat16)}
+    wanted |= {f"probe {p}" for p in (None, *PROBES)}
     assert wanted <= seen, f"never drawn: {sorted(wanted - seen)}"
 
 
@@ -332,7 +360,7 @@ def test_hook_checks_see_a_hook_dropped_or_misreported() -> None:
     assert hook_calls(model, lambda: run(gm, spec)) != eager_calls
     report = fxmobile.Report("FuzzModel")
     report.hooks = [HookRecord("b0", "forward hook", "Recorder", TRACED)]
-    with pytest.raises(AssertionError, match="the README's rule"):
+    with pytest.raises(AssertionError, match="the hook rule"):
         check_hook_report(model, report)
 
 
@@ -356,19 +384,19 @@ def test_untouched_sees_hooks_and_caches_change() -> None:
 
 
 def test_refusals_are_failures_unless_documented(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A refusal of a model the README says fxmobile optimizes fails; so does optimizing a
-    model the README says it refuses (torch's global module hooks)."""
+    """A refusal of a model the docs say fxmobile optimizes fails; so does optimizing a
+    model the docs say it refuses (torch's global module hooks)."""
     spec = _hooked_conv_bn((), global_hook="forward")
     assert check_model(Stage.FX, spec) == "torch's global module hooks"
     monkeypatch.setattr(capture_trace, "refuse_global_hooks", lambda: None)
-    with pytest.raises(AssertionError, match="the README documents refusing this model"):
+    with pytest.raises(AssertionError, match="the docs document refusing this model"):
         check_model(Stage.FX, spec)
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise fxmobile.CaptureError("no reason")
 
     monkeypatch.setattr(fxmobile, "optimize_fx", refuse)
-    with pytest.raises(AssertionError, match="does not document refusing: CaptureError"):
+    with pytest.raises(AssertionError, match="do not document refusing: CaptureError"):
         check_model(Stage.FX, _hooked_conv_bn(()))
 
 
@@ -386,7 +414,7 @@ def test_open_findings_match_their_own_failure_only() -> None:
         r"^AssertionError: fxmobile refused .*does not support item assignment",
     )
     failure = AssertionError(
-        "fxmobile refused a model the README does not document refusing: CaptureError: "
+        "fxmobile refused a model the docs do not document refusing: CaptureError: "
         "torch.fx could not trace FuzzModel.forward at views.py:1: v[...] = c: TypeError: "
         "'Proxy' object does not support item assignment. Fix: ..."
     )

@@ -19,7 +19,7 @@ from fxmobile.capture.checks import deep_copy
 from fxmobile.errors import RefusedError, ScriptingError
 from fxmobile.report.records import Stage as RecordStage
 from fxmobile.script.aliasing import STRIDES_READ, WRITE_THROUGH_RESHAPE
-from fxmobile.script.scripting import quietly_script
+from fxmobile.script.quiet_script import quietly_script
 from fxmobile.verify import clone_inputs
 from tests.fuzz.check import Stage, check_model
 from tests.fuzz.hooks import Recorder
@@ -1108,3 +1108,94 @@ def test_a_whole_graph_trace_of_a_model_that_samples_noise_is_taken() -> None:
             torch.manual_seed(1)
             got = result.module(x)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
+
+
+# ----------------------------------------------------------------------------- issue 24 idioms
+
+
+class ShiftedRelu(nn.Module):
+    """``relu(x * s + t)``: a BatchNorm on running statistics, decomposed by the FX stage, then
+    a relu; the CPU stage fuses the add and the relu into ``aten::_add_relu``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm1d(1, eps=0.1, affine=False)
+        with torch.no_grad():
+            self.bn.running_mean.copy_(torch.tensor([0.3]))  # type: ignore[union-attr]
+            self.bn.running_var.copy_(torch.tensor([2.0]))  # type: ignore[union-attr]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.bn(x * 1.5))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="F12 (reported to the lead): aten::_add_relu, which fuse_add_relu makes of "
+    "relu(add), clamps to [0, FLT_MAX]: NaN becomes 0 and inf FLT_MAX, where eager's relu "
+    "keeps both",
+)
+def test_regression_add_relu_fusion_keeps_nan_and_infinity() -> None:
+    """The fuzzer's nonfinite probe (script-cpu, seed 1008: BN on batch statistics, a constant
+    product, a BN on running statistics, relu) shrank to this: eager returns NaN and inf for a
+    NaN and an inf input, the CPU module 0 and 3.4e38."""
+    model = ShiftedRelu().eval()
+    module = fxmobile.optimize(model, example_inputs=torch.randn(2, 1), backend="CPU").module
+    x = torch.tensor([[float("nan")], [float("inf")], [-float("inf")], [0.5]])
+    with torch.no_grad():
+        got, expected = module(x), model(x)
+    torch.testing.assert_close(got, expected, equal_nan=True)
+
+
+class LayoutBranch(nn.Module):
+    """A layer that branches on its input's layout: torch.fx cannot trace it (a leaf)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_contiguous():
+            return x * 2
+        return x - 1
+
+
+class ConvThenLayoutBranch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 1)
+        self.branch = LayoutBranch()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.branch(self.conv(x))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="F13 (reported to the lead): to_channels_last hands the leaf a channels-last "
+    "tensor, so its is_contiguous() branch flips; the gate refuses the module "
+    "(NumericalMismatchError naming to_channels_last) where eager's layout is kept",
+)
+def test_regression_a_leaf_branching_on_its_layout_keeps_its_branch() -> None:
+    """The fuzzer's branch block (a module form branching on ``x.is_contiguous()``) through
+    ``optimize_fx(..., channels_last=True)`` and the CPU stage: refused by the gate, naming
+    ``to_channels_last``, for a model the plain FX stage optimizes correctly."""
+    model = ConvThenLayoutBranch().eval()
+    x = torch.randn(2, 3, 6, 6)
+    result = fxmobile.optimize_fx(model, x, channels_last=True)
+    with torch.no_grad():
+        torch.testing.assert_close(result.graph_module(x), model(x))
+
+
+@pytest.mark.parametrize("entry", ["optimize_fx(channels_last=True)", "optimize"])
+def test_regression_a_parametrized_conv_is_not_refused_as_changed_state(entry: str) -> None:
+    """F15. The long profile (seed 2024) shrank to one ``weight_norm`` conv: RefusedError
+    "running Sequential on the example inputs changed its '0.weight', and the model has no
+    '0.weight' to set it back from", where the plain FX stage optimizes it. The state kept
+    through fxmobile's runs read the caller's state by its parameters, buffers and plain
+    attributes, and a parametrized weight is none of them: it is computed on every read, which
+    fxmobile.capture.state now does."""
+    conv = nn.utils.parametrizations.weight_norm(nn.Conv2d(2, 1, 3, padding=1, bias=False))
+    model = nn.Sequential(conv).eval()
+    x = torch.randn(1, 2, 3, 3)
+    if entry == "optimize":
+        module: Callable[..., Any] = fxmobile.optimize(model, example_inputs=x).module
+    else:
+        module = fxmobile.optimize_fx(model, x, channels_last=True).graph_module
+    with torch.no_grad():
+        torch.testing.assert_close(module(x), model(x), rtol=1e-4, atol=1e-5)

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from fxmobile.capture.mutation import _MODULE_SLOTS, _stamp
 from fxmobile.errors import RefusedError
@@ -115,6 +116,9 @@ def _lookup(root: nn.Module, key: Key) -> tuple[bool, Any]:
         return True, owner._buffers[name]
     if name in vars(owner):
         return True, vars(owner)[name]
+    if parametrize.is_parametrized(owner, name):  # weight_norm's weight: computed on each read
+        with torch.no_grad():
+            return True, getattr(owner, name)
     return False, None
 
 

@@ -8,12 +8,13 @@ picklable and fx-traceable.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tests.fuzz.dynamic import Branch, CallCounter, branch, run_random
 from tests.fuzz.hooks import register_hooks
 from tests.fuzz.layers import CachedBias, CachedScale, parametrize_layer, subclassed
 from tests.fuzz.outputs import pack
@@ -39,14 +40,32 @@ class FuzzModel(nn.Module):
         self.eval()
 
     def forward(self, x: torch.Tensor) -> Any:
+        return pack(self.spec.output_type, self.outputs(x))
+
+    def outputs(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         values = [x]
         for i, block in enumerate(self.spec.blocks):
             values.append(_RUNNERS[block.kind](self, attr_base(i, block), block, values))
-        return pack(self.spec.output_type, tuple(values[k] for k in self.spec.outputs))
+        return tuple(values[k] for k in self.spec.outputs)
+
+
+class FuzzModelWithOptional(FuzzModel):
+    """A ``FuzzModel`` whose forward also takes an optional bias for its first output, left at
+    None by the fuzzer (``ModelSpec.optional_input``)."""
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        bias: Optional[torch.Tensor] = None,  # noqa: UP045  (TorchScript's spelling)
+    ) -> Any:
+        outputs = self.outputs(x)
+        if bias is not None:
+            outputs = (outputs[0] + bias, *outputs[1:])
+        return pack(self.spec.output_type, outputs)
 
 
 def build(spec: ModelSpec) -> FuzzModel:
-    return FuzzModel(spec)
+    return FuzzModelWithOptional(spec) if spec.optional_input else FuzzModel(spec)
 
 
 def _alias(model: nn.Module, base: str) -> None:
@@ -221,6 +240,15 @@ def _build_cache(model: nn.Module, name: str, block: Block, x: Value) -> None:
         model.add_module(name, CachedBias(x.channels, x.spatial, x.dtype))
 
 
+def _build_branch(model: nn.Module, name: str, block: Block, x: Value) -> None:
+    if block.form == "module":
+        model.add_module(name, Branch(block.options["on"], block.options["value"]))
+
+
+def _build_counter(model: nn.Module, name: str, block: Block, x: Value) -> None:
+    model.add_module(name, CallCounter(x.dtype, block.options["gain"]))
+
+
 _BUILDERS: dict[Kind, Callable[[nn.Module, str, Block, Value], None]] = {
     Kind.ACTIVATION: _build_module,
     Kind.DROPOUT: _build_module,
@@ -234,6 +262,9 @@ _BUILDERS: dict[Kind, Callable[[nn.Module, str, Block, Value], None]] = {
     Kind.UNSQUEEZE: _build_nothing,
     Kind.VIEW_WRITE: _build_nothing,
     Kind.CACHE: _build_cache,
+    Kind.BRANCH: _build_branch,
+    Kind.RANDOM: _build_nothing,
+    Kind.COUNTER: _build_counter,
 }
 
 # ----------------------------------------------------------------------------- running
@@ -397,6 +428,13 @@ def _run_unsqueeze(m: nn.Module, name: str, b: Block, values: Values) -> torch.T
     return x.unsqueeze(-1) if b.form == "method" else torch.unsqueeze(x, -1)
 
 
+def _run_branch(m: nn.Module, name: str, b: Block, values: Values) -> torch.Tensor:
+    x = values[b.src]
+    if b.form == "module":
+        return getattr(m, name)(x)
+    return branch(b.options["on"], x, b.options["value"])  # in the model's own forward
+
+
 _RUNNERS: dict[Kind, Callable[[nn.Module, str, Block, Values], torch.Tensor]] = {
     Kind.ACTIVATION: _run_activation,
     Kind.DROPOUT: _run_dropout,
@@ -410,4 +448,7 @@ _RUNNERS: dict[Kind, Callable[[nn.Module, str, Block, Values], torch.Tensor]] = 
     Kind.UNSQUEEZE: _run_unsqueeze,
     Kind.VIEW_WRITE: lambda m, name, b, values: run_view_write(values[b.src], b.options),
     Kind.CACHE: lambda m, name, b, values: getattr(m, name)(values[b.src]),
+    Kind.BRANCH: _run_branch,
+    Kind.RANDOM: lambda m, name, b, values: run_random(values[b.src], b),
+    Kind.COUNTER: lambda m, name, b, values: getattr(m, name)(values[b.src]),
 }

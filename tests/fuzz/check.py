@@ -22,9 +22,15 @@ from hypothesis.errors import HypothesisException
 from torch import nn
 
 import fxmobile
-from fxmobile.options import DEFAULT_TOLERANCE
+from fxmobile.options import tolerance_for
 from tests.fuzz.build import FuzzModel, build
-from tests.fuzz.expect import documented_refusals, gate_may_fire
+from tests.fuzz.dynamic import (
+    assert_counters_match,
+    counter_paths,
+    live_random_blocks,
+    random_calls_left,
+)
+from tests.fuzz.expect import documented_refusals, gate_may_fire, refused_by_the_gate
 from tests.fuzz.findings import open_finding
 from tests.fuzz.hooks import global_hook, hook_calls
 from tests.fuzz.layers import clear_caches
@@ -37,6 +43,7 @@ from tests.fuzz.oracle import (
     run,
 )
 from tests.fuzz.outputs import structure
+from tests.fuzz.probes import check_probe
 from tests.fuzz.script_structure import check_script_structure
 from tests.fuzz.spec import PRODUCERS, Kind, ModelSpec, example_input
 from tests.fuzz.structure import (
@@ -45,6 +52,7 @@ from tests.fuzz.structure import (
     check_structure,
     foldable_into_producer,
     kept_hook_sites,
+    live_values,
     needed_batch_stats,
 )
 from tests.fuzz.untouched import Untouched
@@ -120,6 +128,13 @@ def report_coverage(spec: ModelSpec) -> None:
             event("BN on batch statistics")
         if b.kind is Kind.ARITHMETIC and b.src and spec.blocks[b.src - 1].kind in PRODUCERS:
             event(f"constant {b.options['op']} after {spec.blocks[b.src - 1].kind.value}")
+        if b.kind is Kind.BRANCH:
+            event(f"branch on the {b.options['on']} ({b.form})")
+        if b.kind is Kind.RANDOM:
+            event(f"random: {b.options['call']}")
+    if spec.optional_input:
+        event("optional input left at None")
+    event(f"probe: {spec.probe}")
 
 
 def check_model(stage: Stage, spec: ModelSpec) -> str | None:
@@ -155,17 +170,21 @@ def _check_model(stage: Stage, spec: ModelSpec) -> str | None:
         refusal = next((r for r in refusals if r.matches(exc)), None)
         if refusal is None:
             raise AssertionError(
-                f"fxmobile refused a model the README does not document refusing: "
+                f"fxmobile refused a model the docs do not document refusing: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         untouched.assert_unchanged(model)
         return refusal.name
     required = [r for r in refusals if r.required]
-    assert not required, f"the README documents refusing this model ({required[0].readme})"
+    assert not required, f"the docs document refusing this model ({required[0].readme})"
     untouched.assert_unchanged(model)
     assert torch.equal(given_input, example_input(spec)), "optimizing wrote to example_inputs"
+    assert_counters_match(spec, model, optimized.module, "as handed back")
     assert_outputs_identical(eager, results(model, spec))
     assert_shares_no_storage(optimized.module, model)
+    gate_refusal = refused_by_the_gate(stage.value, spec, optimized.gate_warning)
+    if gate_refusal is not None:  # check="raise" would not have returned the module
+        return gate_refusal.name
     try:
         check_results(stage, spec, model, optimized, eager_outputs, eager, ref64, noise)
         if stage is not Stage.SCRIPT_CPU:  # the optimized module calls the user's hooks
@@ -173,17 +192,44 @@ def _check_model(stage: Stage, spec: ModelSpec) -> str | None:
             assert calls == eager_calls, (
                 f"the stateful hooks saw {calls} in the optimized module, {eager_calls} in eager"
             )
+        check_idioms(spec, model, optimized)
+        check_probe(spec, model, optimized.module, optimized.report.route or "", noise, ref64)
     except AssertionError as exc:
         gate = optimized.gate_warning or "passed"
         raise AssertionError(f"{exc}\nfxmobile's own check: {gate}") from exc
     if optimized.gate_warning is not None:
         scales = [float(e.double().abs().max()) if e.numel() else 0.0 for e in eager]
-        assert gate_may_fire(noise, scales, DEFAULT_TOLERANCE), (
+        tolerances = [tolerance_for(e.dtype) for e in eager]
+        assert gate_may_fire(noise, scales, tolerances), (
             f"fxmobile's own check failed a model the oracle passes, whose rounding noise is "
             f"far below its tolerance: {optimized.gate_warning}"
         )
         event("fxmobile's check failed an ill-conditioned model the oracle passes")
     return None
+
+
+def check_idioms(spec: ModelSpec, model: FuzzModel, optimized: Optimized) -> None:
+    """What the idioms of issue 24 promise beyond the outputs: random draws stay graph
+    nodes, an optional input left at None is reported, and a call counter counts on from the
+    caller's state in both models alike."""
+    live = live_values(spec)
+    if live_random_blocks(spec, live):
+        assert random_calls_left(optimized.module) >= 1, (
+            "the optimized module makes no random draw where eager draws on every call (the "
+            "values were baked in?)"
+        )
+    route = optimized.report.route or ""
+    if spec.optional_input and route.startswith("torch.fx"):
+        assert any("bias left at its default None" in n for n in optimized.report.notes), (
+            f"the report does not say that bias was specialized away: {optimized.report.notes}"
+        )
+    if counter_paths(spec):
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(spec.seed)
+            optimized.module(example_input(spec))
+            torch.manual_seed(spec.seed)
+            model(example_input(spec))
+        assert_counters_match(spec, model, optimized.module, "after one call of each")
 
 
 def check_results(

@@ -32,9 +32,13 @@ from hypothesis import strategies as st
 
 from tests.fuzz.build import constant_shape
 from tests.fuzz.draw_idioms import (
+    draw_branch,
     draw_cache,
+    draw_counter,
     draw_decorations,
     draw_model_idioms,
+    draw_probe,
+    draw_random,
     draw_view_write,
 )
 from tests.fuzz.spec import (
@@ -297,7 +301,9 @@ def _draw_binary(
     return form, {"op": op}, out, other
 
 
-def _kinds(x: Value, src_kind: Kind | None, can_again: bool, caches: bool) -> list[Kind | None]:
+def _kinds(
+    x: Value, src_kind: Kind | None, can_again: bool, caches: bool, counters: bool
+) -> list[Kind | None]:
     """The kinds a block may take after a value of type ``x``, repeated to weight them;
     None stands for calling an earlier module again."""
     weights = {
@@ -309,6 +315,9 @@ def _kinds(x: Value, src_kind: Kind | None, can_again: bool, caches: bool) -> li
         Kind.BINARY: 1,
         Kind.VIEW_WRITE: 2,
         Kind.CACHE: 1 if caches else 0,  # one model in four: LeViT's and cold ones are refused
+        Kind.BRANCH: 1,
+        Kind.RANDOM: 0 if x.extra_dim else 1,
+        Kind.COUNTER: 1 if counters else 0,  # one model in eight: the FX stages refuse them
     }
     if x.dims:
         weights[Kind.CONV] = 3
@@ -326,8 +335,14 @@ def _kinds(x: Value, src_kind: Kind | None, can_again: bool, caches: bool) -> li
 
 
 def _draw_block(
-    draw: Draw, blocks: list[Block], values: list[Value], batch: int, last: bool, caches: bool
+    draw: Draw,
+    blocks: list[Block],
+    values: list[Value],
+    batch: int,
+    last: bool,
+    allowed: tuple[bool, bool],
 ) -> Block:
+    """The next block; ``allowed``: whether caches, and call counters, may be drawn."""
     # mostly the latest value (a chain); one time in four any value (several consumers)
     latest = len(values) - 1
     chain = draw(st.sampled_from((True, True, True, False)))
@@ -338,7 +353,7 @@ def _draw_block(
         j for j, b in enumerate(blocks)
         if b.owner is None and b.kind in SHAREABLE and values[b.src] == x
     ]  # fmt: skip
-    kind = draw(st.sampled_from(_kinds(x, src_kind, bool(again), caches)))
+    kind = draw(st.sampled_from(_kinds(x, src_kind, bool(again), *allowed)))
     if kind is None:  # the same module (or the same weights) called again
         j = draw(_latest_first(again))
         options = {**blocks[j].options, "alias": draw(st.booleans())}
@@ -365,6 +380,12 @@ def _draw_block(
         form, opts, out = draw_view_write(draw, x, batch)
     elif kind is Kind.CACHE:
         form, opts, out = draw_cache(draw, x)
+    elif kind is Kind.BRANCH:
+        form, opts, out = draw_branch(draw, x)
+    elif kind is Kind.RANDOM:
+        form, opts, out = draw_random(draw, x)
+    elif kind is Kind.COUNTER:
+        form, opts, out = draw_counter(draw, x)
     else:
         form = draw(st.sampled_from(("method", "torch")))
         opts, out = {}, Value(x.channels, (*x.spatial, 1), x.dtype)
@@ -395,19 +416,21 @@ _LAYOUTS = {
 
 @st.composite
 def model_specs(draw: Draw, max_blocks: int = MAX_BLOCKS) -> ModelSpec:
-    """Valid models of 1..``max_blocks`` blocks; one in four is float64."""
-    dtype = draw(st.sampled_from((torch.float32, torch.float32, torch.float32, torch.float64)))
+    """Valid models of 1..``max_blocks`` blocks; two in three are float32, one in six float64,
+    one in twelve float16 and one in twelve bfloat16."""
+    dtype = draw(st.sampled_from((*(torch.float32,) * 8, torch.float64, torch.float64,
+                                  torch.float16, torch.bfloat16)))  # fmt: skip
     dims = draw(st.sampled_from((2, 1, 3, 0, 2, 1, 3, 2)))  # 2-D most, like real models
     channels = draw(st.integers(1, 8))
     spatial = tuple(draw(st.integers(*INPUT_SPATIAL[dims])) for _ in range(dims))
     batch = draw(st.integers(1, 2))
     layout = draw(st.sampled_from(_LAYOUTS[dims]))
     n = draw(st.integers(1, max_blocks))
-    caches = draw(st.integers(0, 3)) == 3
+    allowed = (draw(st.integers(0, 3)) == 3, draw(st.integers(0, 7)) == 7)  # caches, counters
     values = [Value(channels, spatial, dtype)]
     blocks: list[Block] = []
     for i in range(n):
-        block = _draw_block(draw, blocks, values, batch, i == n - 1, caches)
+        block = _draw_block(draw, blocks, values, batch, i == n - 1, allowed)
         blocks.append(block)
         values.append(block.out)
     outputs: tuple[int, ...] = (len(blocks),)
@@ -415,4 +438,5 @@ def model_specs(draw: Draw, max_blocks: int = MAX_BLOCKS) -> ModelSpec:
         outputs += (draw(st.integers(1, len(blocks) - 1)),)
     seed = draw(st.integers(0, 2**16 - 1))
     idioms = draw_model_idioms(draw, blocks, outputs)
-    return ModelSpec(values[0], batch, layout, tuple(blocks), outputs, seed, **idioms)
+    probe = draw_probe(draw, dims)
+    return ModelSpec(values[0], batch, layout, tuple(blocks), outputs, seed, **idioms, probe=probe)

@@ -16,6 +16,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from tests.fuzz.dynamic import BRANCH_CONDITIONS
 from tests.fuzz.layers import NEW_API, SUBCLASS_EXTRAS
 from tests.fuzz.outputs import OUTPUT_TYPES
 from tests.fuzz.spec import (
@@ -125,9 +126,38 @@ def draw_cache(draw: Draw, x: Value) -> tuple[str, dict[str, Any], Value]:
     return "module", opts, x
 
 
+def draw_branch(draw: Draw, x: Value) -> tuple[str, dict[str, Any], Value]:
+    """An ``if`` on the value's layout, dtype or shape, in a submodule or in forward itself."""
+    form = draw(st.sampled_from(("module", "inline")))
+    return form, {"on": draw(st.sampled_from(BRANCH_CONDITIONS)), "value": draw(CONSTANTS)}, x
+
+
+# random factories three times in four; seed calls and generators (refused) otherwise
+_RANDOM_CALLS = ("randn", "randn", "rand", "normal", "randint", "randn_batch", "seed", "generator")
+
+
+def draw_random(draw: Draw, x: Value) -> tuple[str, dict[str, Any], Value]:
+    """A random draw added to the value, in forward itself."""
+    call = draw(st.sampled_from(_RANDOM_CALLS))
+    return "inline", {"call": call, "scale": draw(CONSTANTS)}, x
+
+
+def draw_counter(draw: Draw, x: Value) -> tuple[str, dict[str, Any], Value]:
+    return "module", {"gain": draw(CONSTANTS)}, x
+
+
+def draw_probe(draw: Draw, spec_dims: int) -> str | None:
+    """The input the check runs beyond the example, one model in two: with NaN and infinities,
+    in another layout (channels-last for a 4-D or 5-D input), or of another batch size."""
+    probes = ["nonfinite", "nonfinite", "strided", "batch"]
+    probes += ["channels_last"] * 2 if spec_dims in (2, 3) else []
+    return draw(st.sampled_from([None] * len(probes) + probes))
+
+
 def draw_model_idioms(draw: Draw, blocks: list[Block], outputs: tuple[int, ...]) -> dict[str, Any]:
     """Model-level idioms: the output container, hooks on the model itself, torch's global
-    module hooks (rarely: the README documents refusing them), empty caches."""
+    module hooks (rarely: the docs document refusing them), empty caches, an optional input
+    left at None."""
     idioms: dict[str, Any] = {}
     idioms["output_type"] = draw(st.sampled_from(("plain",) * 5 + OUTPUT_TYPES[1:]))
     single = idioms["output_type"] == "plain" and len(outputs) == 1
@@ -137,4 +167,5 @@ def draw_model_idioms(draw: Draw, blocks: list[Block], outputs: tuple[int, ...])
         idioms["global_hook"] = draw(st.sampled_from(("forward", "pre")))
     if any(b.kind is Kind.CACHE for b in blocks):
         idioms["cold_cache"] = draw(st.integers(0, 3)) == 3  # refused: rarely
+    idioms["optional_input"] = draw(st.integers(0, 9)) == 9
     return idioms

@@ -1,8 +1,8 @@
-"""What the README says fxmobile does with a drawn model: optimize it, or refuse it.
+"""What the docs say fxmobile does with a drawn model: optimize it, or refuse it.
 
-A refusal is a pass only when the README documents refusing models like this one, decided from
-the spec (what the program does), never from the error: a regression that starts refusing
-valid models must fail. Each ``Refusal`` names the README passage that documents it, the error
+A refusal is a pass only when the docs (``docs/pages``) document refusing models like this one,
+decided from the spec (what the program does), never from the error: a regression that starts
+refusing valid models must fail. Each ``Refusal`` names the passage that documents it, the error
 class and the words its message must contain, and whether refusing is required (the model
 cannot be optimized faithfully) or only allowed (fxmobile may also optimize it correctly).
 """
@@ -14,16 +14,17 @@ from dataclasses import dataclass
 
 import fxmobile
 from tests.fuzz.spec import Kind, ModelSpec
+from tests.fuzz.structure import live_values
 
 
 @dataclass(frozen=True)
 class Refusal:
-    """A refusal the README documents for models like the drawn one."""
+    """A refusal the docs document for models like the drawn one."""
 
     name: str  # shown in the hypothesis statistics
     error: type[fxmobile.FxMobileError]
     message: str  # a regular expression the error's message must match
-    readme: str  # the README passage that documents it
+    readme: str  # the docs passage that documents it (docs/pages/<page>.md)
     required: bool  # False: optimizing the model correctly is fine too
 
     def matches(self, exc: BaseException) -> bool:
@@ -34,15 +35,16 @@ GLOBAL_HOOKS = Refusal(
     "torch's global module hooks",
     fxmobile.CaptureError,
     r"global module hooks are registered",
-    "Hooks: torch's *global* module hooks (register_module_forward_hook and its pre-hook twin) "
-    "are refused with a CaptureError",
+    "capture.md, Hooks: torch's *global* module hooks (register_module_forward_hook and its "
+    "pre-hook twin) are refused with a CaptureError",
     required=True,
 )
 FILLS_A_CACHE = Refusal(
     "forward fills a cache",
     fxmobile.CaptureError,
     r"changes the module's state while it runs",
-    "Bad input: forward changes a buffer, parameter or attribute (self.cache.append): CaptureError",
+    "bad-input.md: forward changes a buffer, parameter or attribute (self.n.add_(1), "
+    "self.cache.append), optimize_fx: CaptureError",
     required=False,
 )
 
@@ -50,17 +52,17 @@ FILLS_A_CACHE = Refusal(
 ROOT_HOOK = Refusal(
     "a hook on the model itself that cannot be traced",
     fxmobile.CaptureError,
-    r"FuzzModel has a forward (pre-)?hook on itself \(.*\) that fxmobile cannot trace.*Fix:",
-    "Hooks: a hook on the model itself that is not a plain pure function is refused "
-    "(Bad input: CaptureError ... Fix: register it on a submodule)",
+    r"FuzzModel\w* has a forward (pre-)?hook on itself \(.*\) that fxmobile cannot trace.*Fix:",
+    "capture.md, Hooks: a hook on the model itself that is not a plain pure function is refused "
+    "(bad-input.md: CaptureError ... Fix: register it on a submodule)",
     required=True,
 )
 DATACLASS_OUTPUT = Refusal(
     "a dataclass output on a traced TorchScript module",
     fxmobile.FxMobileError,
     r"returns a dataclass \((Single|Pair)Data\).*Fix: return a tuple, dict or NamedTuple",
-    "Bad input: a dataclass output, through optimize, when TorchScript cannot compile the model "
-    "(so it is traced): ScriptingError",
+    "bad-input.md: a dataclass output, through optimize, when TorchScript cannot compile the "
+    "model (so it is traced): ScriptingError",
     required=False,
 )
 
@@ -69,7 +71,7 @@ SUBCLASSED_BATCHNORM = Refusal(
     "subclassed BatchNorm: control flow on its input",
     fxmobile.CaptureError,
     r"could not trace submodule .*\(MyBatchNorm\dd\).*control flow",
-    "Bad input: untraceable control flow: CaptureError ... mark it as a leaf (BatchNorm's "
+    "bad-input.md: untraceable control flow: CaptureError ... mark it as a leaf (BatchNorm's "
     "forward checks its input's rank with `if input.dim() != 4`: torch.fx cannot trace that "
     "once a subclass makes it traced code instead of a leaf call)",
     required=False,
@@ -80,14 +82,101 @@ DATA_WRITE_TRACED = Refusal(
     fxmobile.FxMobileError,
     r"its torch\.jit\.trace computes something else than (forward|the optimized graph) on "
     r"the example inputs",
-    "Bad input: a write through `.data` in a module that would be traced (neither torch.fx nor "
-    "TorchScript captures the model, or the optimized graph does not script): ScriptingError",
+    "bad-input.md: a write through `.data` in a module that would be traced (neither torch.fx "
+    "nor TorchScript captures the model, or the optimized graph does not script): "
+    "ScriptingError",
     required=False,
 )
 
 
+SEED_CALL = Refusal(
+    "a seed call in forward",
+    fxmobile.RefusedError,
+    r"FuzzModel\w*\.forward calls torch\.manual_seed at .*Fix: seed once before calling the model",
+    "fxmobile/capture/random_calls.py (docs/pages/bad-input.md: row proposed with issue 24): a "
+    "seed call in forward (torch.manual_seed, torch.seed, torch.set_rng_state) is refused with "
+    "a RefusedError on every route, whatever check says",
+    required=True,
+)
+GENERATOR = Refusal(
+    "a torch.Generator of forward's own",
+    fxmobile.RefusedError,
+    r"FuzzModel\w*\.forward passes a torch\.Generator to torch\.randn at .*Fix",
+    "fxmobile/capture/random_calls.py (docs/pages/bad-input.md: row proposed with issue 24): a "
+    "generator= argument in forward is refused with a RefusedError",
+    required=True,
+)
+TOP_LEVEL_BRANCH = Refusal(
+    "control flow in the model's own forward",
+    fxmobile.CaptureError,
+    r"torch\.fx could not trace FuzzModel\w*\.forward .*auto_leaf cannot help: the failure is in "
+    r"the top-level forward itself",
+    "bad-input.md: untraceable control flow: CaptureError (in the top-level forward no leaf can "
+    "take it: fxmobile.optimize falls back to TorchScript)",
+    required=False,
+)
+TRACE_DIFFERS = Refusal(
+    "a trace that computes something else (control flow on the layout)",
+    fxmobile.ScriptingError,
+    r"its torch\.jit\.trace computes something else than (forward|the optimized graph) on",
+    "bad-input.md / capture.md: a model only torch.jit.trace takes, whose trace computes "
+    "something else than forward on the example inputs in another memory layout (a branch on "
+    "x.is_contiguous()): ScriptingError",
+    required=False,
+)
+STATE_ON_THE_TRACE = Refusal(
+    "state changed on every call, through the traced route",
+    fxmobile.NumericalMismatchError,
+    r"does not match eager",
+    "bad-input.md: forward changes a buffer, parameter or attribute, through optimize, when "
+    "the state changes every call: NumericalMismatchError",
+    required=False,
+)
+LEAF_READS_A_REWRITTEN_LAYOUT = Refusal(
+    "a leaf branching on is_contiguous(), handed a channels-last tensor (fuzz finding F12)",
+    fxmobile.NumericalMismatchError,
+    r"does not match eager.*diverge after fx pass 'to_channels_last'",
+    "gate.md: a result that computes something else is not returned (the channels-last "
+    "rewrite flips the branch of a leaf that reads its input's strides: reported to the lead)",
+    required=False,
+)
+
+
+DEAD_RANDOM_DRAW = Refusal(
+    "a dead random draw dropped by TorchScript (fuzz finding F14)",
+    fxmobile.NumericalMismatchError,
+    r"does not match eager.*diverge after script pass 'torchscript'",
+    "gate.md: a result that computes something else is not returned (the TorchScript stage "
+    "drops a draw whose result is unused, so the draws after it take other numbers than "
+    "eager's from the same seed: reported to the lead)",
+    required=False,
+)
+
+
+def refused_by_the_gate(stage: str, spec: ModelSpec, gate_warning: str | None) -> Refusal | None:
+    """The documented refusal fxmobile's gate made (with ``check="raise"``, the default, no
+    module would have come back), if the gate warned on a model the docs say it may refuse."""
+    if gate_warning is None:
+        return None
+    found = []
+    layout_leaf = any(
+        b.kind is Kind.BRANCH and b.form == "module" and b.options["on"] == "layout"
+        for b in spec.blocks
+    )
+    if layout_leaf and stage in ("fx-channels-last", "script-cpu"):
+        found.append(LEAF_READS_A_REWRITTEN_LAYOUT)
+    if stage == "script-cpu" and any(b.kind is Kind.COUNTER for b in spec.blocks):
+        found.append(STATE_ON_THE_TRACE)
+    live = live_values(spec)
+    dead_draw = any(b.kind is Kind.RANDOM and i + 1 not in live for i, b in enumerate(spec.blocks))
+    if stage == "script-cpu" and dead_draw:
+        found.append(DEAD_RANDOM_DRAW)
+    message = f"fxmobile's optimized FuzzModel {gate_warning}"
+    return next((r for r in found if re.search(r.message, message, re.DOTALL)), None)
+
+
 def documented_refusals(spec: ModelSpec, stage: str) -> list[Refusal]:
-    """The refusals the README documents for ``spec``'s model through ``stage`` (a
+    """The refusals the docs document for ``spec``'s model through ``stage`` (a
     ``tests.fuzz.check.Stage`` value; none: it must be optimized).
 
     - torch's global module hooks registered while optimizing: refused, always;
@@ -98,11 +187,18 @@ def documented_refusals(spec: ModelSpec, stage: str) -> list[Refusal]:
       BatchNorm's ``forward`` branches on its input's rank (untraceable control flow);
     - a cache that ``forward`` fills: an empty one (the model has not run yet) is filled by the
       first call, and LeViT's, keyed by ``str(x.device)``, gets a new key when traced (the
-      device of a traced value is no device): the README's "forward changes an attribute"
-      refusal. A dict cache already filled is only read: that model must be optimized;
+      device of a traced value is no device): bad-input.md's "forward changes a buffer,
+      parameter or attribute" refusal. A dict cache already filled is only read: that model
+      must be optimized;
     - a write through ``.data`` in such a model, or in one whose hooks stay with their modules
       (the optimized graph may not script), through ``optimize``: the route left is
-      torch.jit.trace, which does not record that write, so the trace is refused.
+      torch.jit.trace, which does not record that write, so the trace is refused;
+    - a seed call, or a generator of forward's own: refused, always;
+    - a call counter (state written on every call) through the FX stages: "forward changes a
+      buffer"; through ``optimize`` it takes the traced route;
+    - control flow in the model's own forward: torch.fx cannot take it (shape-aware tracing
+      answers a branch on a dtype or a shape), and through ``optimize`` the trace must replay
+      forward in other layouts: a branch on ``is_contiguous()`` may not.
     """
     found = []
     if spec.global_hook:
@@ -114,8 +210,23 @@ def documented_refusals(spec: ModelSpec, stage: str) -> list[Refusal]:
     if any(b.kind is Kind.BATCHNORM and b.options.get("subclass") for b in spec.blocks):
         found.append(SUBCLASSED_BATCHNORM)
     caches = [b for b in spec.blocks if b.kind is Kind.CACHE]
-    if caches and (spec.cold_cache or any(b.options["pattern"] == "levit" for b in caches)):
+    counted = any(b.kind is Kind.COUNTER for b in spec.blocks)
+    fills = bool(caches) and (
+        spec.cold_cache or any(b.options["pattern"] == "levit" for b in caches)
+    )
+    if fills or (counted and stage != "script-cpu"):
         found.append(FILLS_A_CACHE)
+    calls = {b.options["call"] for b in spec.blocks if b.kind is Kind.RANDOM}
+    if "seed" in calls:
+        found.append(SEED_CALL)
+    if "generator" in calls:
+        found.append(GENERATOR)
+    inline = [b for b in spec.blocks if b.kind is Kind.BRANCH and b.form == "inline"]
+    if inline and stage != "script-cpu":
+        found.append(TOP_LEVEL_BRANCH)
+    traced = counted or FILLS_A_CACHE in found or bool(inline)
+    if stage == "script-cpu" and traced and any(b.options["on"] == "layout" for b in inline):
+        found.append(TRACE_DIFFERS)
     data_write = any(
         b.kind is Kind.VIEW_WRITE and any(v[0] == "data" for v in b.options.get("views", ()))
         for b in spec.blocks
@@ -128,14 +239,14 @@ def documented_refusals(spec: ModelSpec, stage: str) -> list[Refusal]:
     return found
 
 
-def gate_may_fire(noise: list[float], scales: list[float], tolerance: float) -> bool:
-    """Whether fxmobile's own check (the gate: optimized against eager, within ``tolerance``
-    of each output's scale) may fail a correct optimization of this model.
+def gate_may_fire(noise: list[float], scales: list[float], tolerances: list[float]) -> bool:
+    """Whether fxmobile's own check (the gate: optimized against eager, within each output's
+    tolerance, by its dtype, of its scale) may fail a correct optimization of this model.
 
     A correct result lies within 4x the rounding noise of the float64 anchor (the oracle's
     bound), and eager within 1x, so they differ by at most 5x the noise: when that stays below
     the tolerance for every output, the gate has no reason to fire. Past it (a BatchNorm on the
-    batch statistics of near-constant values amplifies rounding), the README's gate documents
+    batch statistics of near-constant values amplifies rounding), the gate's page documents
     the refusal: the outputs do differ beyond the tolerance.
     """
-    return any(5 * n >= tolerance * s for n, s in zip(noise, scales, strict=True))
+    return any(5 * n >= t * s for n, s, t in zip(noise, scales, tolerances, strict=True))

@@ -1,9 +1,9 @@
 """Module hooks as users write them, for the fuzzer: what each drawn ``HookSpec`` registers.
 
-Two families, told apart by the README's rule ("a hook whose code provably changes nothing but
-its result (a plain function: no attribute, item, global or closure stores, no
-``append``-like calls, reading only torch, ``math`` and immutable values) is traced into the
-graph"; any other stays with its module and runs at run time):
+Two families, told apart by the hook rule of docs/pages/capture.md#hooks ("a hook whose code
+provably changes nothing but its result (a plain function: no attribute, item, global or
+closure stores, no ``append``-like calls, reading only torch, ``math`` and immutable values)
+is traced into the graph"; any other stays with its module and runs at run time):
 
 - **pure**: plain functions closing over a float: scale or shift the output, ``relu`` it,
   scale it in place (``out.mul_(c)``, returning None), rescale the input in a pre-hook (also in

@@ -1,11 +1,12 @@
 """Layers as users write them, for the fuzzer: parametrized weights, subclassed layers that
 override ``forward``, and caches filled in ``forward``.
 
-- **parametrizations** (README: evaluated once, in eval mode, into plain parameters; the layer
-  then folds and prepacks): ``torch.nn.utils.parametrizations.weight_norm``, ``spectral_norm``,
-  ``orthogonal`` (square weights only), a custom ``register_parametrization`` (on the weight or
-  the bias, alone or stacked on another), and the older ``torch.nn.utils.weight_norm`` /
-  ``spectral_norm`` pre-hooks;
+- **parametrizations** (docs/pages/capture.md: evaluated once, in eval mode, into plain
+  parameters; the layer then folds and prepacks):
+  ``torch.nn.utils.parametrizations.weight_norm``, ``spectral_norm``, ``orthogonal`` (square
+  weights only), a custom ``register_parametrization`` (on the weight or the bias, alone or
+  stacked on another), and the older ``torch.nn.utils.weight_norm`` / ``spectral_norm``
+  pre-hooks;
 - **subclasses**: ``class MyConv2d(nn.Conv2d)`` whose ``forward`` does extra work after the
   layer's own (scale, shift, relu) or computes with a reweighted weight;
 - **caches**: a dict attribute filled on the first call (``CachedScale``), and timm LeViT's

@@ -18,6 +18,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
+from tests.fuzz.dynamic import counters_kept
 from tests.fuzz.outputs import flatten
 from tests.fuzz.spec import Kind, Layout, ModelSpec, example_input
 from tests.fuzz.views import VIEWS
@@ -40,11 +41,15 @@ def run(
     memory_format: torch.memory_format | None = None,
 ) -> Any:
     """``(outputs, input after the call)``: a fresh input each time (a forward may write to it;
-    a clone would lose the strided layout), in ``dtype`` and ``memory_format`` when given."""
+    a clone would lose the strided layout), in ``dtype`` and ``memory_format`` when given.
+    Every run draws from torch's generator seeded with ``spec.seed`` (eager and the optimized
+    module draw the same numbers) and starts from the module's call counts as they were
+    (``tests.fuzz.dynamic``)."""
     x = example_input(spec, dtype)
     if memory_format is not None:
         x = x.contiguous(memory_format=memory_format)
-    with torch.no_grad():
+    with torch.no_grad(), torch.random.fork_rng(devices=[]), counters_kept(module, spec):
+        torch.manual_seed(spec.seed)
         return module(x), x
 
 
@@ -62,6 +67,10 @@ FLOAT64_PER_FLOAT32 = 2.0**-29
 # exact by luck: batch statistics of a constant cancel, and the folded BN rounds elsewhere.
 # Still ten orders of magnitude below what a bug does.
 REL_FLOOR = {torch.float32: 1e-5, torch.float64: 4e-5 * FLOAT64_PER_FLOAT32}
+# float16 and bfloat16 keep 11 and 8 bits: their floor is 4 units in the last place of the scale
+# (4e-3 and 3e-2), still below the errors of a bug (a wrong fold is off by 9.5e-2 of the scale,
+# a lost bias by more) and within fxmobile's own tolerances for them (1e-2 and 5e-2).
+REL_FLOOR |= {t: 4 * torch.finfo(t).eps for t in (torch.float16, torch.bfloat16)}
 TINY = 1e-30  # an output that is exactly zero must stay (about) zero
 # An output that eager gets wrong by more than this fraction of its scale is mostly rounding
 # noise (``v - v`` fed to a BN on batch statistics, say): the ratio of two rounding noises has a
@@ -93,11 +102,54 @@ def assert_close_to_anchor(
         return
     err = float((got.double() - ref64).abs().max())
     scale = float(ref64.abs().max())
-    factor = 32 if noise > ILL_CONDITIONED * scale else 4
-    bound = max(factor * noise, REL_FLOOR[dtype] * scale) + TINY
+    bound = anchor_bound(noise, scale, dtype)
     assert err <= bound, (
         f"{where}: max abs error {err:.3g} against the float64 anchor exceeds {bound:.3g} "
         f"(rounding noise {noise:.3g}, output scale {scale:.3g})"
+    )
+
+
+def anchor_bound(noise: float, scale: float, dtype: torch.dtype) -> float:
+    """How far from the float64 anchor a correct result of ``dtype`` may be (see above). Ill
+    conditioning is measured in the dtype's own units: float16 and bfloat16 round 2**13 and
+    2**16 times coarser than float32, and their noise is that much larger on every output."""
+    coarser = max(1.0, torch.finfo(dtype).eps / torch.finfo(torch.float32).eps)
+    factor = 32 if noise > ILL_CONDITIONED * coarser * scale else 4
+    return max(factor * noise, REL_FLOOR[dtype] * scale) + TINY
+
+
+def assert_nonfinite_like_eager(
+    got: torch.Tensor, eager: torch.Tensor, noise: float, scale: float, where: str
+) -> None:
+    """On an input with NaN and infinities (``ModelSpec.nonfinite``), ``got`` has NaN exactly
+    where eager has NaN, the same infinities where eager has them (ATen propagates both, and so
+    must every kernel and rewrite), and its finite elements within the example's rounding bound
+    of eager's: the input's finite entries are the example's, so a finite element is computed
+    from the same values (``noise`` and ``scale`` are the example's, against its anchor; eager
+    is within 1x the noise of the anchor, a correct result within the bound)."""
+    assert got.shape == eager.shape, f"{where}: shape {tuple(got.shape)} != {tuple(eager.shape)}"
+    assert got.dtype == eager.dtype, f"{where} is {got.dtype}, eager's {eager.dtype}"
+    nan_got, nan_eager = got.isnan(), eager.isnan()
+    assert torch.equal(nan_got, nan_eager), (
+        f"{where}: NaN at {int((nan_got & ~nan_eager).sum())} elements where eager has none, "
+        f"and not at {int((nan_eager & ~nan_got).sum())} of eager's NaN (input with NaN and "
+        f"infinities)"
+    )
+    inf_eager = eager.isinf()
+    same_inf = torch.equal(got.isinf(), inf_eager) and torch.equal(got[inf_eager], eager[inf_eager])
+    assert same_inf, (
+        f"{where}: infinities differ from eager's (input with NaN and infinities): "
+        f"{got[inf_eager | got.isinf()].tolist()[:8]} against "
+        f"{eager[inf_eager | got.isinf()].tolist()[:8]}"
+    )
+    finite = eager.isfinite()
+    if not bool(finite.any()):
+        return
+    err = float((got[finite].double() - eager[finite].double()).abs().max())
+    bound = anchor_bound(noise, scale, eager.dtype) + noise
+    assert err <= bound, (
+        f"{where}: the finite elements are off eager's by {err:.3g}, beyond {bound:.3g} (input "
+        f"with NaN and infinities; rounding noise {noise:.3g}, output scale {scale:.3g})"
     )
 
 

@@ -26,7 +26,7 @@ MAX_BLOCKS = 8
 
 
 # The fuzzer's views that read memory order or copy for some strides, and the view, reshape and
-# unflatten spellings the README's rule names whatever the shape.
+# unflatten spellings the rule of docs/pages/capture.md names whatever the shape.
 MEMORY_ORDER_VIEWS = frozenset(
     name
     for name, view in VIEWS.items()
@@ -49,14 +49,18 @@ class Kind(enum.Enum):
     UNSQUEEZE = "unsqueeze"
     VIEW_WRITE = "view_write"  # a write through views of the value, or of a copy of it
     CACHE = "cache"  # a submodule that caches a tensor in a dict the first time it runs
+    BRANCH = "branch"  # an ``if`` on the value's layout, dtype or shape (``tests.fuzz.dynamic``)
+    RANDOM = "random"  # a random factory without tensor arguments, or a seed call, in forward
+    COUNTER = "counter"  # a submodule counting its calls in a buffer that its output reads
 
 
 PRODUCERS = (Kind.CONV, Kind.CONV_TRANSPOSE, Kind.LINEAR)
 SHAREABLE = (*PRODUCERS, Kind.BATCHNORM)
 # kinds whose module form may carry hooks or be a subclass overriding forward
 HOOKABLE = (*PRODUCERS, Kind.BATCHNORM, Kind.ACTIVATION)
-# hooks by name (``tests.fuzz.hooks``): plain functions the README says are traced into the
-# graph, and hooks with state that stay with their module
+# hooks by name (``tests.fuzz.hooks``): plain functions the hook rule
+# (docs/pages/capture.md#hooks) says are traced into the graph, and hooks with state that stay
+# with their module
 PURE_HOOKS = (
     "scale", "shift", "relu", "scale_in_place", "kwargs_shift", "pre_scale",
     "pre_scale_in_place", "pre_kwargs_shift",
@@ -76,7 +80,7 @@ class HookSpec:
 
     @property
     def traceable(self) -> bool:
-        """Whether the README's rule says fxmobile traces it into the graph."""
+        """Whether the hook rule (docs/pages/capture.md#hooks) says fxmobile traces it."""
         return self.name in PURE_HOOKS
 
     @property
@@ -142,7 +146,7 @@ class Block:
 
     @property
     def kept_hooks(self) -> bool:
-        """Its module has a hook the README says stays with it (no rewrite crosses it)."""
+        """Its module has a hook the hook rule says stays with it (no rewrite crosses it)."""
         return any(not h.traceable for h in self.hooks)
 
     def describe(self, index: int) -> str:
@@ -166,6 +170,11 @@ class ModelSpec:
     root_hooks: tuple[HookSpec, ...] = ()  # hooks on the model itself
     global_hook: str | None = None  # torch's global module hook registered while optimizing
     cold_cache: bool = False  # the caches are empty when the model is optimized
+    optional_input: bool = False  # forward(x, bias: Optional[Tensor] = None), given x alone
+    # the input at check time beyond the example (``tests.fuzz.probes``): None, "nonfinite",
+    # "channels_last", "strided" or "batch"
+    probe: str | None = None
+    nonfinite: bool = False  # the input has NaN and infinite entries (a probe's input only)
 
     def values(self) -> list[Value]:
         return [self.input, *(b.out for b in self.blocks)]
@@ -188,8 +197,8 @@ class ModelSpec:
 
     def reads_memory_order(self) -> bool:
         """Whether a view-write block goes through ``as_strided`` or a reshape, flatten or view,
-        or a flatten block's result may be written in place (the README: such a method may
-        keep ATen's convolutions, since a prepacked op may return other strides than
+        or a flatten block's result may be written in place (docs/pages/capture.md: such a
+        method may keep ATen's convolutions, since a prepacked op may return other strides than
         eager's)."""
         views = any(
             b.kind is Kind.VIEW_WRITE
@@ -204,6 +213,8 @@ class ModelSpec:
         extras += [f"root_hooks={list(self.root_hooks)}"] if self.root_hooks else []
         extras += [f"global_hook={self.global_hook}"] if self.global_hook else []
         extras += ["cold_cache"] if self.cold_cache else []
+        extras += ["optional_input"] if self.optional_input else []
+        extras += [f"probe={self.probe}"] if self.probe else []
         lines = [
             f"ModelSpec(input={self.input.__str__().replace('N', str(self.batch), 1)} "
             f"{self.layout.value}, seed={self.seed}{''.join(', ' + e for e in extras)}):"
@@ -257,9 +268,25 @@ def example_input(spec: ModelSpec, dtype: torch.dtype | None = None) -> torch.Te
     convert = dtype or spec.input.dtype
     if spec.layout is Layout.STRIDED:
         wide = torch.randn(*shape[:-1], 2 * shape[-1], generator=gen, dtype=spec.input.dtype)
-        return wide.to(convert)[..., ::2]
+        view = wide.to(convert)[..., ::2]
+        if spec.nonfinite:
+            view.copy_(with_nonfinite(view, gen))
+        return view
     x = torch.randn(*shape, generator=gen, dtype=spec.input.dtype).to(convert)
+    if spec.nonfinite:
+        x = with_nonfinite(x, gen)
     if spec.layout is Layout.CHANNELS_LAST:
         fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
         x = x.contiguous(memory_format=fmt)
     return x
+
+
+def with_nonfinite(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """``x`` with about one entry in eight (at least one) set to NaN, +inf or -inf."""
+    flat = x.flatten().clone()
+    count = max(1, flat.numel() // 8)
+    where = torch.randperm(flat.numel(), generator=generator)[:count]
+    kinds = torch.randint(0, 3, (count,), generator=generator)
+    specials = torch.tensor([float("nan"), float("inf"), float("-inf")], dtype=x.dtype)
+    flat[where] = specials[kinds]
+    return flat.reshape(x.shape)

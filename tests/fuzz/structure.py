@@ -99,7 +99,8 @@ def foldable_into_producer(spec: ModelSpec, block: Block) -> bool:
 
 
 def kept_hook_sites(spec: ModelSpec, kind: Kind | None = None) -> int:
-    """Calls of modules (of ``kind``) whose hooks the README says stay with them."""
+    """Calls of modules (of ``kind``) whose hooks the hook rule (docs/pages/capture.md#hooks)
+    says stay with them."""
     return sum(b.kept_hooks for b in spec.blocks if kind is None or b.kind is kind)
 
 
@@ -291,7 +292,8 @@ def check_structure(
     kept = kept_hook_sites(spec)
     assert hooked == kept, (
         f"{hooked} calls of modules with hooks in the optimized graph, {kept} in the program "
-        f"keep theirs (README: any hook that is not a plain pure function stays with its module; "
+        f"keep theirs (docs/pages/capture.md#hooks: any hook that is not a plain pure function "
+        f"stays with its module; "
         f"a traced one is not run again)"
     )
     assert_shared_untouched(spec, model, gm)
@@ -302,7 +304,8 @@ def _hooks(module: nn.Module) -> list[Any]:
 
 
 def traced_by_readme(hook: Any) -> bool:
-    """The README's rule, for the fuzzer's hooks: its pure plain functions are traced."""
+    """The hook rule (docs/pages/capture.md#hooks), for the fuzzer's hooks: its pure plain
+    functions are traced."""
     return inspect.isfunction(hook) and hook.__name__ in PURE_HOOKS
 
 
@@ -310,7 +313,7 @@ def check_hook_report(model: nn.Module, report: fxmobile.Report) -> None:
     """The report says, for every hooked module of the caller's model, that its hooks were
     traced into the graph when all are plain pure functions, and kept with it otherwise; on a
     TorchScript fallback route, that each ran in torch.jit.trace or was compiled by
-    torch.jit.script (README, "Hooks")."""
+    torch.jit.script (docs/pages/capture.md#hooks)."""
     expected: dict[str, bool] = {}
     for path, module in model.named_modules():
         hooks = [h for h in _hooks(module) if not isinstance(h, WeightNorm | SpectralNorm)]
@@ -337,6 +340,6 @@ def check_hook_report(model: nn.Module, report: fxmobile.Report) -> None:
         assert traced or record.action.startswith(KEPT), record
         seen[record.module] = seen.get(record.module, True) and traced
     assert seen == expected, (
-        f"hooked modules traced (True) or kept (False): the report says {seen}, the README's "
+        f"hooked modules traced (True) or kept (False): the report says {seen}, the hook "
         f"rule {expected}"
     )
