@@ -287,3 +287,31 @@ def test_layout_dependence_finds_a_model_whose_outputs_follow_the_layout() -> No
     assert layout_dependence(StrideBranch().eval(), (X3,), 1e-4) == NON_CONTIGUOUS
     assert layout_dependence(nn.Conv2d(3, 4, 3).eval(), (X,), 1e-4) is None
     assert layout_dependence(NeedsContiguous().eval(), (X,), 1e-4) is None
+
+
+class RefusesChannelsLast(nn.Module):
+    """Refuses a channels-last ``x``, and branches on the strides of ``z``."""
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
+            raise RuntimeError("this model takes NCHW inputs only")
+        return x.sum() * (2.0 if z.is_contiguous() else 3.0)
+
+
+class SlightlyOffWhenStrided(nn.Module):
+    """One percent off for a channels-last input."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * (1.0 if x.is_contiguous() else 1.01)
+
+
+def test_a_layout_eager_refuses_does_not_stop_the_next_one_being_tried() -> None:
+    """(A surviving mutant of layout_dependence: ``continue`` as ``break``.)"""
+    inputs = (X, torch.randn(2, 6))
+    assert layout_dependence(RefusesChannelsLast().eval(), inputs, 1e-4) == NON_CONTIGUOUS
+
+
+def test_layout_dependence_compares_within_the_tolerance_it_is_given() -> None:
+    """(A surviving mutant of layout_dependence: the tolerance dropped for the dtype's.)"""
+    assert layout_dependence(SlightlyOffWhenStrided().eval(), (X,), 0.05) is None
+    assert layout_dependence(SlightlyOffWhenStrided().eval(), (X,), None) == CHANNELS_LAST
