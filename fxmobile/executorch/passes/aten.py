@@ -18,7 +18,7 @@ from torch import fx
 
 from fxmobile import ops
 from fxmobile.infra import PassResult, Skips
-from fxmobile.passes.graph_utils import add_constant, replace_node
+from fxmobile.passes.graph_utils import add_constant
 
 Match = TypeVar("Match")
 
@@ -147,16 +147,15 @@ def rewrite_each(
 ) -> PassResult[fx.GraphModule]:
     """The loop of a pass that rewrites nodes one by one: each node in graph order goes to
     ``check`` (a match, the reason it is left alone, or None for a node it does not look at),
-    and each match to ``rewrite``, whose node then takes the matched node's record and users."""
+    and each match to ``rewrite``, whose node then takes the matched node's users, and its
+    record where its own is silent (``replace_with``)."""
     rewrites, skips = 0, Skips()
     for node in list(gm.graph.nodes):
         match = check(node)
         if isinstance(match, str):
             skips.add(match)
         elif match is not None:
-            out = rewrite(gm, match)
-            out.meta.update(node.meta)
-            replace_node(node, out)
+            replace_with(node, rewrite(gm, match))
             rewrites += 1
     return PassResult(gm, rewrites, dict(skips))
 

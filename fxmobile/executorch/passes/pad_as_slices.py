@@ -29,8 +29,15 @@ from typing import ClassVar
 
 from torch import fx
 
-from fxmobile.executorch.passes.aten import argument, aten, call, replace_with, shape, slice_of
-from fxmobile.infra import PassResult, Skips
+from fxmobile.executorch.passes.aten import (
+    argument,
+    aten,
+    call,
+    rewrite_each,
+    shape,
+    slice_of,
+)
+from fxmobile.infra import PassResult
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.stage import FxContext, FxPass
 
@@ -115,12 +122,4 @@ class PadAsSlices(FxPass):
     needs_shapes: ClassVar[bool] = True
 
     def call(self, gm: fx.GraphModule, ctx: FxContext) -> PassResult[fx.GraphModule]:
-        rewrites, skips = 0, Skips()
-        for node in list(gm.graph.nodes):
-            match = can_slice(node)
-            if isinstance(match, str):
-                skips.add(match)
-            elif match is not None:
-                replace_with(node, pad(gm, match))
-                rewrites += 1
-        return PassResult(gm, rewrites, dict(skips))
+        return rewrite_each(gm, can_slice, pad)

@@ -28,11 +28,11 @@ from fxmobile.executorch.passes.aten import (
     call,
     numel,
     positive_dim,
-    replace_with,
+    rewrite_each,
     shape,
     slice_of,
 )
-from fxmobile.infra import PassResult, Skips
+from fxmobile.infra import PassResult
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.stage import FxContext, FxPass
 
@@ -97,12 +97,4 @@ class RollAsSlices(FxPass):
     needs_shapes: ClassVar[bool] = True
 
     def call(self, gm: fx.GraphModule, ctx: FxContext) -> PassResult[fx.GraphModule]:
-        rewrites, skips = 0, Skips()
-        for node in list(gm.graph.nodes):
-            match = can_roll(node)
-            if isinstance(match, str):
-                skips.add(match)
-            elif match is not None:
-                replace_with(node, roll(gm, match))
-                rewrites += 1
-        return PassResult(gm, rewrites, dict(skips))
+        return rewrite_each(gm, can_roll, roll)
