@@ -1,8 +1,10 @@
-"""What the tests of the export stage's passes share: a model's exported graph as the passes
-see it, one pass run through the stage's manager, op counts, and the program it lowers to."""
+"""What the tests of the export stage's passes share: a model of one function, its exported
+graph as the passes see it, one pass run through the stage's manager, op counts, and the
+program it lowers to."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -16,6 +18,17 @@ from fxmobile.passes.stage import FxContext, FxPass
 from fxmobile.report import PassRecord, ProgramFacts
 
 aten = torch.ops.aten
+
+
+class Apply(nn.Module):
+    """A model whose forward is ``fn``: one idiom per test, written as a lambda."""
+
+    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)
 
 
 def exported(model: nn.Module, *inputs: Any) -> fx.GraphModule:

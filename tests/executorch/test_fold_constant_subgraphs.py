@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 import torch
 from torch import nn
@@ -14,19 +12,10 @@ from fxmobile.executorch.passes.fold_constant_subgraphs import (
     FoldConstantSubgraphs,
 )
 from fxmobile.passes.constant_guard import RANDOM
-from tests.export_helpers import aten, count, exported, program_of, run_pass
+from tests.export_helpers import Apply, aten, count, exported, program_of, run_pass
 from tests.helpers import assert_equivalent
 
 pytest.importorskip("executorch", reason="the ExecuTorch extra is not installed")
-
-
-class Apply(nn.Module):
-    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fn(x)
 
 
 def shifted_window_mask(x: torch.Tensor, window: int, shift: int) -> torch.Tensor:

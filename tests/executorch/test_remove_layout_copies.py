@@ -9,20 +9,11 @@ import torch
 from torch import nn
 
 from fxmobile.executorch.passes.remove_layout_copies import RemoveLayoutCopies
-from tests.export_helpers import aten, exported, program_of, run_pass
+from tests.export_helpers import Apply, aten, exported, program_of, run_pass
 
 pytest.importorskip("executorch", reason="the ExecuTorch extra is not installed")
 
 CL = torch.channels_last
-
-
-class Apply(nn.Module):
-    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fn(x)
 
 
 def layout_copies(gm: torch.fx.GraphModule) -> int:

@@ -7,21 +7,19 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from fxmobile.executorch.passes.scalars_as_constants import ScalarsAsConstants
-from tests.export_helpers import assert_same_nonfinite, aten, count, exported, program_of, run_pass
+from tests.export_helpers import (
+    Apply,
+    assert_same_nonfinite,
+    aten,
+    count,
+    exported,
+    program_of,
+    run_pass,
+)
 
 pytest.importorskip("executorch", reason="the ExecuTorch extra is not installed")
-
-
-class Apply(nn.Module):
-    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fn(x)
 
 
 CASES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {

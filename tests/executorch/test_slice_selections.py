@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 import torch
 from torch import fx, nn
 
 from fxmobile.executorch.passes.slice_selections import SliceSelections
-from tests.export_helpers import aten, count, exported, program_of, run_pass
+from tests.export_helpers import Apply, aten, count, exported, program_of, run_pass
 from tests.helpers import assert_equivalent
 
 pytest.importorskip("executorch", reason="the ExecuTorch extra is not installed")
-
-
-class Apply(nn.Module):
-    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fn(x)
 
 
 def unbind_qkv(x: torch.Tensor) -> torch.Tensor:

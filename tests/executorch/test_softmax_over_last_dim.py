@@ -9,19 +9,18 @@ import torch
 from torch import fx, nn
 
 from fxmobile.executorch.passes.softmax_over_last_dim import SoftmaxOverLastDim, can_move
-from tests.export_helpers import assert_same_nonfinite, aten, count, exported, program_of, run_pass
+from tests.export_helpers import (
+    Apply,
+    assert_same_nonfinite,
+    aten,
+    count,
+    exported,
+    program_of,
+    run_pass,
+)
 from tests.helpers import assert_equivalent
 
 pytest.importorskip("executorch", reason="the ExecuTorch extra is not installed")
-
-
-class Apply(nn.Module):
-    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fn(x)
 
 
 def dfl(x: torch.Tensor) -> torch.Tensor:

@@ -6,21 +6,20 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from torch import fx, nn
+from torch import fx
 
 from fxmobile.executorch.passes.strided_slices import StridedSlices, can_restride
-from tests.export_helpers import assert_same_nonfinite, aten, count, exported, program_of, run_pass
+from tests.export_helpers import (
+    Apply,
+    assert_same_nonfinite,
+    aten,
+    count,
+    exported,
+    program_of,
+    run_pass,
+)
 
 pytest.importorskip("executorch", reason="the ExecuTorch extra is not installed")
-
-
-class Apply(nn.Module):
-    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fn(x)
 
 
 def special(shape: tuple[int, ...]) -> torch.Tensor:
