@@ -93,7 +93,7 @@ SEED_CALL = Refusal(
     "a seed call in forward",
     fxmobile.RefusedError,
     r"FuzzModel\w*\.forward calls torch\.manual_seed at .*Fix: seed once before calling the model",
-    "fxmobile/capture/random_calls.py (docs/pages/bad-input.md: row proposed with issue 24): a "
+    "fxmobile/capture/random_calls.py (docs/pages/bad-input.md): a "
     "seed call in forward (torch.manual_seed, torch.seed, torch.set_rng_state) is refused with "
     "a RefusedError on every route, whatever check says",
     required=True,
@@ -102,7 +102,7 @@ GENERATOR = Refusal(
     "a torch.Generator of forward's own",
     fxmobile.RefusedError,
     r"FuzzModel\w*\.forward passes a torch\.Generator to torch\.randn at .*Fix",
-    "fxmobile/capture/random_calls.py (docs/pages/bad-input.md: row proposed with issue 24): a "
+    "fxmobile/capture/random_calls.py (docs/pages/bad-input.md): a "
     "generator= argument in forward is refused with a RefusedError",
     required=True,
 )
@@ -128,8 +128,9 @@ STATE_ON_THE_TRACE = Refusal(
     "state changed on every call, through the traced route",
     fxmobile.NumericalMismatchError,
     r"does not match eager",
-    "bad-input.md: forward changes a buffer, parameter or attribute, through optimize, when "
-    "the state changes every call: NumericalMismatchError",
+    "bad-input.md: forward changes a buffer, parameter or attribute, through optimize, where "
+    "the traced module does not compute what eager does call after call: "
+    "NumericalMismatchError",
     required=False,
 )
 LEAF_READS_A_REWRITTEN_LAYOUT = Refusal(
