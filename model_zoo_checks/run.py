@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         type=blocklist_member,
         metavar="MEMBER",
-        help="MobileOptimizerType members to switch off, e.g. FUSE_ADD_RELU",
+        help="MobileOptimizerType members to switch off, e.g. HOIST_CONV_PACKED_PARAMS",
     )
     run.add_argument(
         "--isolate", action="store_true", help="every model in its own guarded process"

@@ -16,6 +16,7 @@ from torch import nn
 
 import fxmobile
 from fxmobile import MobileOptimizerType
+from fxmobile.backends.xnnpack.fuse_add_relu import FLOATING
 from fxmobile.script.graph_utils import op_histogram
 from fxmobile.script.jit_passes import jit
 from fxmobile.script.quiet_script import quietly_script
@@ -121,7 +122,8 @@ def test_second_clamp_is_not_fused_over_the_first() -> None:
     model = ReluThenHardtanh().eval()
     x = torch.randn(1, 3, 5, 5)
     result = cpu(model, x)
-    assert ops(result.module)["aten::hardtanh"] == 1
+    hist = ops(result.module)  # the hardtanh then writes into the conv's output
+    assert hist.get("aten::hardtanh", 0) + hist.get("aten::hardtanh_", 0) == 1
     assert result.report.record("fuse_clamp").skips == {
         "prepacked::conv2d_clamp_prepack bounds already set": 1
     }
@@ -287,7 +289,11 @@ def test_resnet18_end_to_end() -> None:
     result = cpu(model, x)
     hist = ops(result.module)
     assert hist["prepacked::conv2d_clamp_run"] == 20 and hist["prepacked::linear_clamp_run"] == 1
-    assert hist.get("aten::_add_relu", 0) + hist.get("aten::_add_relu_", 0) == 8
+    # the residual add + relu stay two ops (a float _add_relu loses NaN); each of the 7 that a
+    # conv reads writes into the conv before it, relu_ after
+    assert not {"aten::_add_relu", "aten::_add_relu_"} & set(hist)
+    assert (hist["aten::add_"], hist["aten::add"], hist["aten::relu_"]) == (7, 1, 8)
+    assert result.report.record("fuse_add_relu").skips == {FLOATING: 1}
     assert_equivalent(model, result.module, x, rel=1e-4)
 
 

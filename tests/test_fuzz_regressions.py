@@ -1128,16 +1128,11 @@ class ShiftedRelu(nn.Module):
         return torch.relu(self.bn(x * 1.5))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F12 (reported to the lead): aten::_add_relu, which fuse_add_relu makes of "
-    "relu(add), clamps to [0, FLT_MAX]: NaN becomes 0 and inf FLT_MAX, where eager's relu "
-    "keeps both",
-)
 def test_regression_add_relu_fusion_keeps_nan_and_infinity() -> None:
-    """The fuzzer's nonfinite probe (script-cpu, seed 1008: BN on batch statistics, a constant
-    product, a BN on running statistics, relu) shrank to this: eager returns NaN and inf for a
-    NaN and an inf input, the CPU module 0 and 3.4e38."""
+    """F12, the fuzzer's nonfinite probe (script-cpu, seed 1008: BN on batch statistics, a
+    constant product, a BN on running statistics, relu) shrank to this: eager returns NaN and
+    inf for a NaN and an inf input, the CPU module returned 0 and 3.4e38. fuse_add_relu had
+    made ``aten::_add_relu``, which clamps to [0, FLT_MAX]; it now fuses integer adds only."""
     model = ShiftedRelu().eval()
     module = fxmobile.optimize(model, example_inputs=torch.randn(2, 1), backend="CPU").module
     x = torch.tensor([[float("nan")], [float("inf")], [-float("inf")], [0.5]])

@@ -403,9 +403,9 @@ def test_a_blocklisted_pass_fails_the_run(
 ) -> None:
     capsys.readouterr()
     args = [*RESNET, "--rounds", "0", "--baseline", str(real_baseline), "--out", str(tmp_path)]
-    assert main([*args, "--blocklist", "FUSE_ADD_RELU"]) == 1
+    assert main([*args, "--blocklist", "INSERT_FOLD_PREPACK_OPS"]) == 1
     out = capsys.readouterr().out
-    assert "resnet18@64x64/cpu: unfused_ops" in out and "aten::add" in out
+    assert "resnet18@64x64/cpu: unfused_ops" in out and "aten::conv2d 0->20" in out
     regressions = json.loads((tmp_path / "zoo.json").read_text())["regressions"]
     assert [r["metric"] for r in regressions] == ["unfused_ops"]
 

@@ -1,6 +1,6 @@
 """Elementwise ops write into a tensor nothing else reads, instead of allocating a new one.
 
-    y = hardsigmoid(s)        ->  y = hardsigmoid_(s)     (also sigmoid, hardswish, silu, ...)
+    y = hardsigmoid(s)        ->  y = hardsigmoid_(s)     (also relu, sigmoid, hardswish, ...)
     z = add(a, b, alpha)      ->  z = add_(a, b, alpha)   (also sub, mul, div, _add_relu)
     z = mul(s, x)             ->  z = mul_(x, s)          (a * b == b * a in IEEE arithmetic;
                                                            add too, when alpha is 1)
@@ -10,8 +10,10 @@ padding its kernels read past the end); a tensor an elementwise op allocates doe
 upstream's ``prepacked::conv2d_clamp_run`` copies it before it convolves (2.12.1: one
 ``aten::copy_`` per convolution that reads an ``add`` or a squeeze-excitation ``mul``). Written
 in place, the result stays in the convolution's buffer and the copy and the allocation go. So
-a binary op is rewritten only when a prepacked op reads its result; an activation, wherever
-its input may be written (one allocation less).
+a binary op is rewritten only when a prepacked op reads its result, directly or through
+activations (resnet's ``conv(relu(conv(x) + x))``: ``add_`` into the first convolution's
+output, then ``relu_``); an activation, wherever its input may be written (one allocation
+less).
 
 A tensor is written only when nothing can tell: an op of the same block made it fresh (no
 view, input, constant or attribute; in-place ops after that are followed back, as in
@@ -43,10 +45,11 @@ from fxmobile.script.probe import probe
 from fxmobile.script.stage import ScriptContext, ScriptPass
 from fxmobile.script.static_shapes import scalar_type_number, static_shapes
 
-# Activations that stay out of the prepacked ops (clamps fuse into them, so relu, hardtanh and
-# clamp are left to fuse_clamp and the clamps it leaves stay as they are).
+# Activations that stay out of the prepacked ops: those with no clamp form, and the relus and
+# hardtanhs fuse_clamp (which runs first) could not fuse, such as a relu after a residual add.
 UNARY = frozenset(
-    f"aten::{n}" for n in ("hardsigmoid", "sigmoid", "hardswish", "silu", "tanh", "gelu")
+    f"aten::{n}"
+    for n in ("relu", "hardtanh", "hardsigmoid", "sigmoid", "hardswish", "silu", "tanh", "gelu")
 )  # fmt: skip
 BINARY = frozenset({"aten::add", "aten::sub", "aten::mul", "aten::div", "aten::_add_relu"})
 COMMUTATIVE = frozenset({"aten::add", "aten::mul", "aten::_add_relu"})
@@ -124,7 +127,7 @@ def choose_target(node: torch._C.Node, facts: Facts | None) -> tuple[int | None,
             return None, NOT_KNOWN
         floating = facts is not None and facts[value].floating
         return (0, None) if floating else (None, NOT_FLOATING)
-    if not any(use.user.kind() in PACKED_RUNS for use in node.output().uses()):
+    if not _read_by_packed(node.output()):
         return None, NO_PACKED_READER
     if facts is None:
         return None, SHAPE_UNKNOWN
@@ -136,6 +139,17 @@ def choose_target(node: torch._C.Node, facts: Facts | None) -> tuple[int | None,
         if operand == result and result.floating:
             return i, None
     return None, BROADCASTS
+
+
+def _read_by_packed(value: torch._C.Value) -> bool:
+    """Whether a prepacked op reads ``value``, directly or through activations this pass may
+    write in place, or already does (one that stays out of place costs a copy, never a wrong
+    result)."""
+    return any(
+        use.user.kind() in PACKED_RUNS
+        or (use.user.kind().removesuffix("_") in UNARY and _read_by_packed(use.user.output()))
+        for use in value.uses()
+    )
 
 
 def _alpha_is_one(node: torch._C.Node) -> bool:

@@ -34,18 +34,9 @@ class OpenFinding:
 
 
 ALL_STAGES = ("fx", "fx-channels-last", "script-cpu")
-# F2-F11 are fixed, each guarded by its test_regression_* (F1 is a note). F13 (a leaf branching on
+# F2-F12 are fixed, each guarded by its test_regression_* (F1 is a note). F13 (a leaf branching on
 # is_contiguous() made channels-last) shows as the gate's refusal (tests.fuzz.expect).
-OPEN: tuple[OpenFinding, ...] = (
-    # test_regression_add_relu_fusion_keeps_nan_and_infinity: aten::_add_relu clamps NaN to 0
-    # and inf to FLT_MAX where relu keeps them
-    OpenFinding(
-        "F12",
-        ("script-cpu",),
-        lambda s: s.probe == "nonfinite",
-        r"\(probe nonfinite\): (NaN at|infinities differ)",
-    ),
-)
+OPEN: tuple[OpenFinding, ...] = ()
 
 
 def open_finding(stage: str, spec: ModelSpec, failure: BaseException) -> OpenFinding | None:

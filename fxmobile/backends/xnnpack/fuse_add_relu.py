@@ -1,21 +1,26 @@
-"""Add followed by ReLU as one kernel.
+"""Add followed by ReLU as one kernel, for integer adds.
 
 relu(add(a, b, alpha))    -> _add_relu(a, b, alpha)
 relu_(add(a, b, alpha))   -> _add_relu(a, b, alpha)
 relu_(add_(a, b, alpha))  -> _add_relu_(a, b, alpha)
 
-torch's rewrite places the fused node without regard to aliasing, and ``_add_relu`` clamps
-with its first operand's dtype's bounds while it computes in the promoted dtype: a method where
-that could change a result is left alone, with the reason (``why_not_fuse``; aliasing is traced
-through views by ``fxmobile.script.aliasing``). An add fuses only when its first operand is
-known to be of the add's result dtype, one ``_add_relu`` supports (float32, float64, int8-64):
-from the graph's types where it has them; else, in ``forward``, from the example inputs' dtypes
-carried through ops that keep them (``static_dtypes``: a residual add of two conv outputs is
-two tensors of the input's dtype); else from one run of ``forward`` on the example inputs that
-returns each top-level add's operands (``probed_operands``). A frozen graph records no dtypes
-(freezing erases even a traced graph's), so without example inputs its adds stay unfused. The
-resnet pattern ``relu_(out += identity)`` writes only a tensor nothing else reads and still
-fuses.
+``_add_relu`` computes ``min(max(a + alpha * b, 0), M)`` with ``M`` its first operand's dtype's
+maximum. For integers that is ``relu(a + alpha * b)`` exactly (the sum wraps first, as ``add``
+does, and nothing exceeds ``M``). For floats it is not: NaN becomes 0 and +inf becomes ``M``
+(3.4e38 in float32), where ``relu`` keeps both, on every runtime that runs the file (ATen's
+kernel; found by the fuzzer's NaN probe). Upstream ``optimize_for_mobile`` fuses float adds
+anyway; fxmobile leaves a method with a float add alone and says so.
+
+torch's rewrite also places the fused node without regard to aliasing, and ``_add_relu``
+clamps with its first operand's dtype's bounds while it computes in the promoted dtype: a
+method where that could change a result is left alone, with the reason (``why_not_fuse``;
+aliasing is traced through views by ``fxmobile.script.aliasing``). An add fuses only when its
+first operand is known to be of the add's result dtype, an integer one: from the graph's types
+where it has them; else, in ``forward``, from the example inputs' dtypes carried through ops
+that keep them (``static_dtypes``: a residual add of two conv outputs is two tensors of the
+input's dtype); else from one run of ``forward`` on the example inputs that returns each
+top-level add's operands (``probed_operands``). A frozen graph records no dtypes (freezing
+erases even a traced graph's), so without example inputs its adds stay unfused.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ ALIASED = "method left alone: an add reads memory that another op writes in plac
 READ_ELSEWHERE = "method left alone: an add_ writes a tensor that another op reads"
 MIXED_DTYPES = "method left alone: an add's first operand is a constant or of another dtype"
 UNKNOWN_DTYPES = "method left alone: an add's operand dtypes are unknown (pass example_inputs)"
+FLOATING = "method left alone: _add_relu would turn a float add's NaN into 0 and inf into its max"
 # What _add_relu has bounds for (any other first operand fails an INTERNAL ASSERT)
 SUPPORTED = (torch.float32, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64)
 _FUSED = {"aten::_add_relu", "aten::_add_relu_"}
@@ -60,10 +66,11 @@ _SAME_DTYPE_IN_OUT = frozenset({
 
 
 class FuseAddRelu(ScriptPass):
-    """torch's add + relu fusion, run only on methods where ``_add_relu`` computes the same."""
+    """torch's add + relu fusion, run only on methods where ``_add_relu`` computes the same:
+    methods whose adds that a relu reads are all integer adds."""
 
     optimization = MobileOptimizerType.FUSE_ADD_RELU
-    summary = "add (+ relu / relu_) -> aten::_add_relu"
+    summary = "integer add (+ relu / relu_) -> aten::_add_relu"
 
     def call(
         self, module: torch.jit.ScriptModule, ctx: ScriptContext
@@ -107,16 +114,17 @@ def why_not_fuse(
     written = written_roots(graph)
 
     known = known or {}
-    dtypes_known = {
-        n: _first_operand_keeps_its_dtype(n, probed, known) for n in adds if _fusable(n)
-    }
+    verdicts = {n: _dtype_verdict(n, probed, known) for n in adds if _fusable(n)}
 
     def mixed(node: torch._C.Node) -> bool:
         constant = node.inputsAt(0).node().kind() == "prim::Constant"
-        return constant or dtypes_known.get(node, True) is False
+        return constant or verdicts.get(node) == MIXED_DTYPES
 
     def unknown(node: torch._C.Node) -> bool:
-        return node in dtypes_known and dtypes_known[node] is None
+        return verdicts.get(node) == UNKNOWN_DTYPES
+
+    def floating(node: torch._C.Node) -> bool:
+        return verdicts.get(node) == FLOATING
 
     def own_write(node: torch._C.Node) -> torch._C.Value | None:
         """add_ writes its own first input: that write is the pattern's, not another op's."""
@@ -140,6 +148,7 @@ def why_not_fuse(
         (unknown, UNKNOWN_DTYPES),
         (aliased, ALIASED),
         (read_elsewhere, READ_ELSEWHERE),
+        (floating, FLOATING),
     ):
         if any(check(node) for node in adds):
             return reason
@@ -151,13 +160,14 @@ def _fusable(node: torch._C.Node) -> bool:
     return node.kind() in _ADDS and any(u.user.kind() in _RELUS for u in node.output().uses())
 
 
-def _first_operand_keeps_its_dtype(
+def _dtype_verdict(
     node: torch._C.Node,
     probed: Mapping[torch._C.Value, Any],
     known: Mapping[torch._C.Value, torch.dtype],
-) -> bool | None:
-    """Whether the add's first operand is of its result dtype and one ``_add_relu`` supports;
-    None when that is unknown."""
+) -> str | None:
+    """None when the add's first operand is of its result dtype and an integer one;
+    ``UNKNOWN_DTYPES`` when that is unknown, ``MIXED_DTYPES`` when the first operand is of
+    another dtype or one ``_add_relu`` has no bounds for, ``FLOATING`` when it is a float."""
     a, b = node.inputsAt(0), node.inputsAt(1)
     if a in probed and b in probed:
         first, other = probed[a], probed[b]
@@ -166,12 +176,14 @@ def _first_operand_keeps_its_dtype(
         # them (float64 0-dim + float32 1-D is float32), so only an equal one is trusted
         first, other = _sample(a, known), _sample(b, known)
         if first is None or other is None:
-            return None
+            return UNKNOWN_DTYPES
         if isinstance(other, torch.Tensor) and getattr(first, "dtype", None) != other.dtype:
-            return False
+            return MIXED_DTYPES
     if not isinstance(first, torch.Tensor) or first.dtype not in SUPPORTED:
-        return False
-    return torch.result_type(first, other) == first.dtype
+        return MIXED_DTYPES
+    if torch.result_type(first, other) != first.dtype:
+        return MIXED_DTYPES
+    return FLOATING if first.dtype.is_floating_point else None
 
 
 def _sample(
