@@ -1160,21 +1160,19 @@ class ConvThenLayoutBranch(nn.Module):
         return self.branch(self.conv(x))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F13 (reported to the lead): to_channels_last hands the leaf a channels-last "
-    "tensor, so its is_contiguous() branch flips; the gate refuses the module "
-    "(NumericalMismatchError naming to_channels_last) where eager's layout is kept",
-)
 def test_regression_a_leaf_branching_on_its_layout_keeps_its_branch() -> None:
-    """The fuzzer's branch block (a module form branching on ``x.is_contiguous()``) through
-    ``optimize_fx(..., channels_last=True)`` and the CPU stage: refused by the gate, naming
-    ``to_channels_last``, for a model the plain FX stage optimizes correctly."""
+    """F13, the fuzzer's branch block (a module form branching on ``x.is_contiguous()``)
+    through ``optimize_fx(..., channels_last=True)`` and the CPU stage: refused by the gate,
+    naming ``to_channels_last``, for a model the plain FX stage optimizes correctly. The pass
+    handed the leaf the channels-last conv output; a call of the user's code now gets its
+    input in eager's layout."""
     model = ConvThenLayoutBranch().eval()
     x = torch.randn(2, 3, 6, 6)
     result = fxmobile.optimize_fx(model, x, channels_last=True)
+    module = fxmobile.optimize(model, example_inputs=x).module
     with torch.no_grad():
         torch.testing.assert_close(result.graph_module(x), model(x))
+        torch.testing.assert_close(module(x), model(x))
 
 
 @pytest.mark.parametrize("entry", ["optimize_fx(channels_last=True)", "optimize"])

@@ -19,6 +19,7 @@ from fxmobile.passes.to_channels_last import (
     RESHAPED_WRITE,
     STRIDES,
     UNCHECKED,
+    USERS_CODE,
     ToChannelsLast,
 )
 from tests.helpers import (
@@ -805,3 +806,43 @@ def test_a_module_with_hooks_declines_and_its_hook_sees_eager_layout() -> None:
     seen.clear()
     assert torch.equal(gm(x), model(x))
     assert seen == [True, True]
+
+
+def user_branch(t: torch.Tensor) -> torch.Tensor:
+    """A user's function that reads its input's layout where the graph cannot see it."""
+    return t * 2 if t.is_contiguous() else t - 1
+
+
+fx.wrap("user_branch")
+
+
+class LayoutBranch(nn.Module):
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        return t * 2 if t.is_contiguous() else t - 1
+
+
+class BranchAfterConv(nn.Module):
+    def __init__(self, through: str) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.branch = LayoutBranch()
+        self.through = through
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return self.branch(y) if self.through == "user module" else user_branch(y)
+
+
+@pytest.mark.parametrize("through", ["user module", "user function"])
+def test_regression_the_users_code_that_reads_strides_declines(through: str) -> None:
+    """F13: a leaf branching on ``is_contiguous()`` got the channels-last conv output and took
+    the other branch; the fake-tensor check ran it without noticing (the gate then refused the
+    model). Its layout comes from the caller's input, so no copy can restore it: declined."""
+    model = BranchAfterConv(through).eval()
+    x = torch.randn(2, 3, 8, 8)
+    gm, result = _run(model, x, leaves=(LayoutBranch,))
+    assert result.rewrites == 0 and result.skips == {USERS_CODE: 1}
+    assert _entries(gm) == 0 and _weight(gm, "conv").is_contiguous()
+    for given in (x, x.contiguous(memory_format=CL)):
+        with torch.no_grad():
+            assert torch.equal(gm(given), model(given))

@@ -35,8 +35,11 @@ eager ones (conv kernels differ in summation order: rounding differences only). 
 When it gives up: without example inputs (``input rank unknown (pass example_inputs)``); on
 inputs that are not 4-D tensors, or that reach no 2-D conv (nothing to gain). The whole pass
 is declined when a value it reaches meets an op that reads strides (``as_strided``,
-``stride()``, ``data_ptr()``, ``is_contiguous()``, ``numpy()``) or a module kept with its hooks
-(they would see the new layout, and the fake-tensor check below would run them).
+``stride()``, ``data_ptr()``, ``is_contiguous()``, ``numpy()``), a module kept with its hooks
+(they would see the new layout, and the fake-tensor check below would run them), or the user's
+own code (a module of the user's class or a user's function, kept whole by the capture) that
+may read them: ``if x.is_contiguous(): ...`` took the other branch (fuzz finding F13).
+``fxmobile.passes.user_code`` scans that code's bytecode, and what it follows.
 
 The check: when every op the change reaches is known to take any strides (ATen ops other than
 ``.view`` / ``.view_as``, the standard leaf modules ``InlineModules`` writes out as one such
@@ -74,6 +77,7 @@ from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.graph_utils import attr_of, module_of, tensor_meta, written_in_place
 from fxmobile.passes.inline_modules import INLINERS
 from fxmobile.passes.stage import FxContext, FxPass
+from fxmobile.passes.user_code import may_read_layout
 
 CL = torch.channels_last
 CONV_MODULES: tuple[type[nn.Module], ...] = (nn.Conv2d, nn.ConvTranspose2d)
@@ -89,6 +93,7 @@ STRIDES = "a value it reaches meets an op that reads strides (as_strided, stride
 BREAKS = "channels-last breaks a stride-dependent op (e.g. .view: use .reshape)"
 UNCHECKED = "layout change not checked: the graph does not run on fake tensors"
 HOOKED = "a value it reaches goes through a hooked module (its hooks would see the new layout)"
+USERS_CODE = "a value it reaches goes into the user's code, which may read its strides"
 
 
 def can_convert_input(node: fx.Node, shapes_known: bool) -> str | None:
@@ -139,6 +144,19 @@ def _runs_on_any_layout(gm: fx.GraphModule, node: fx.Node) -> bool:
         inliner = None if module is None else INLINERS.get(type(module))
         return inliner is not None and inliner(module) is not None
     return ops.takes_any_layout(node)
+
+
+def _users_code_reads_strides(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """Whether ``node`` calls the user's own code (a module of a class outside torch, a function
+    that is no torch op) and that code may read strides."""
+    if node.op == "call_module":
+        module = module_of(gm, node)  # torch's own modules are trusted by may_read_layout
+        return module is not None and may_read_layout(module)
+    if node.op != "call_function" or ops.call_name(node) is not None:
+        return False
+    target = node.target
+    assert callable(target)  # a call_function's target is never a string
+    return not ops.takes_any_layout(node) and may_read_layout(target)
 
 
 def _reads_strides(node: fx.Node) -> bool:
@@ -278,6 +296,9 @@ class ToChannelsLast(FxPass):
             return PassResult(gm, 0, dict(skips))
         if any(_hooked(gm, n) for n in affected):
             skips.add(HOOKED)
+            return PassResult(gm, 0, dict(skips))
+        if any(_users_code_reads_strides(gm, n) for n in affected):
+            skips.add(USERS_CODE)
             return PassResult(gm, 0, dict(skips))
         if any(_written_through_reshape(gm, n) for n in affected):
             skips.add(RESHAPED_WRITE)

@@ -133,16 +133,6 @@ STATE_ON_THE_TRACE = Refusal(
     "NumericalMismatchError",
     required=False,
 )
-LEAF_READS_A_REWRITTEN_LAYOUT = Refusal(
-    "a leaf branching on is_contiguous(), handed a channels-last tensor (fuzz finding F12)",
-    fxmobile.NumericalMismatchError,
-    r"does not match eager.*diverge after fx pass 'to_channels_last'",
-    "gate.md: a result that computes something else is not returned (the channels-last "
-    "rewrite flips the branch of a leaf that reads its input's strides: reported to the lead)",
-    required=False,
-)
-
-
 DEAD_RANDOM_DRAW = Refusal(
     "a dead random draw dropped by TorchScript (fuzz finding F14)",
     fxmobile.NumericalMismatchError,
@@ -160,12 +150,6 @@ def refused_by_the_gate(stage: str, spec: ModelSpec, gate_warning: str | None) -
     if gate_warning is None:
         return None
     found = []
-    layout_leaf = any(
-        b.kind is Kind.BRANCH and b.form == "module" and b.options["on"] == "layout"
-        for b in spec.blocks
-    )
-    if layout_leaf and stage in ("fx-channels-last", "script-cpu"):
-        found.append(LEAF_READS_A_REWRITTEN_LAYOUT)
     if stage == "script-cpu" and any(b.kind is Kind.COUNTER for b in spec.blocks):
         found.append(STATE_ON_THE_TRACE)
     live = live_values(spec)

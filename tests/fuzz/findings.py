@@ -34,8 +34,8 @@ class OpenFinding:
 
 
 ALL_STAGES = ("fx", "fx-channels-last", "script-cpu")
-# F2-F12 are fixed, each guarded by its test_regression_* (F1 is a note). F13 (a leaf branching on
-# is_contiguous() made channels-last) shows as the gate's refusal (tests.fuzz.expect).
+# F2-F13 are fixed, each guarded by its test_regression_* (F1 is a note). F14 (a dead random draw
+# that TorchScript drops) shows as the gate's refusal (tests.fuzz.expect).
 OPEN: tuple[OpenFinding, ...] = ()
 
 

@@ -1,0 +1,149 @@
+"""fxmobile.passes.user_code: whether the user's own code may read a tensor's strides.
+
+The scan must say "may read" wherever the code, or anything it calls that the scan can follow,
+names a layout reader, and wherever it calls something it cannot follow; and "does not" for
+code made of arithmetic and torch's own functions and modules, so that channels-last still
+runs through a user's plain leaf.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fxmobile.passes.user_code import may_read_layout
+
+
+def _stride_of(t: torch.Tensor) -> int:
+    return t.stride(0)
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    return F.relu(t) * 2 + torch.cat([t, t], 1).sum(1, keepdim=True)
+
+
+def _recursive(t: torch.Tensor, n: int = 2) -> torch.Tensor:
+    return t if n == 0 else _recursive(t + 1, n - 1)
+
+
+class _Opaque:
+    """An object of a user's class: the scan cannot tell what calling it does."""
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+
+_OPAQUE = _Opaque()
+
+
+class Plain(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 1)
+        self.act = nn.Sequential(nn.ReLU(), nn.Hardswish())
+        self.scale = 2.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _recursive(_plain(self.act(self.conv(x)) * self.scale))
+
+
+class ReadsDirectly(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if x.is_contiguous() else x - 1
+
+
+class ThroughAGlobalFunction(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * _stride_of(x)
+
+
+class ThroughAMethod(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._helper(x)
+
+    def _helper(self, x: torch.Tensor) -> torch.Tensor:
+        return x + x.data_ptr() % 2
+
+
+class ThroughAProperty(nn.Module):
+    @property
+    def channels_last(self) -> bool:
+        return True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.contiguous(memory_format=torch.channels_last)
+
+
+class ThroughASubmodule(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Sequential(nn.ReLU(), ReadsDirectly())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+class ThroughAnAttribute(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fn = _stride_of
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.fn(x)
+
+
+class ThroughAnOpaqueObject(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _OPAQUE(x)
+
+
+class ThroughGetattr(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * getattr(x, "stri" + "de")(0)
+
+
+def _closure() -> Callable[[torch.Tensor], torch.Tensor]:
+    def inner(t: torch.Tensor) -> torch.Tensor:
+        return t * _stride_of(t)
+
+    def outer(t: torch.Tensor) -> torch.Tensor:
+        return inner(t)
+
+    return outer
+
+
+class Hooked(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Identity()
+        self.inner.register_forward_hook(lambda m, a, o: o)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+@pytest.mark.parametrize(
+    "target",
+    [ReadsDirectly(), ThroughAGlobalFunction(), ThroughAMethod(), ThroughAProperty(),
+     ThroughASubmodule(), ThroughAnAttribute(), ThroughAnOpaqueObject(), ThroughGetattr(),
+     Hooked(), _stride_of, _closure()],
+    ids=["directly", "global function", "method", "property", "submodule", "attribute",
+         "opaque object", "getattr", "hooked submodule", "function", "closure"],
+)  # fmt: skip
+def test_code_that_may_read_strides_is_found(target: nn.Module | Callable[..., object]) -> None:
+    assert may_read_layout(target)
+
+
+@pytest.mark.parametrize(
+    "target",
+    [Plain(), nn.Sequential(nn.Conv2d(3, 3, 1), nn.ReLU()), _plain, _recursive, F.relu],
+    ids=["user module", "torch modules", "function", "recursive function", "torch function"],
+)
+def test_code_of_arithmetic_and_torch_calls_reads_no_strides(
+    target: nn.Module | Callable[..., object],
+) -> None:
+    assert not may_read_layout(target)
