@@ -211,6 +211,27 @@ def test_a_generator_object_is_refused(entry: str) -> None:
         ENTRIES[entry](OwnGenerator().eval(), "off")
 
 
+class UnusedDraw(Noise):
+    """A draw whose result nothing reads, before one that is used (fuzz finding F14)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch.randn(4)  # advances the generator: the next draw depends on it
+        return self.conv(x) + torch.randn(1, 8, 1, 1)
+
+
+@pytest.mark.parametrize("check", ["raise", "off"])
+def test_regression_an_unused_draw_is_refused_on_the_torchscript_route(check: str) -> None:
+    """F14: TorchScript's dead-code elimination dropped the unused draw, so the used one took
+    the numbers the unused one drew in eager; the gate refused it, and ``check="off"`` returned
+    it. Now refused before scripting, whatever ``check`` says; the FX stage keeps the draw."""
+    model = UnusedDraw().eval()
+    with pytest.raises(RefusedError, match=r"draws random numbers it never uses \(torch\.randn\)"):
+        fxmobile.optimize(model, example_inputs=X, check=check)
+    module = _optimized(model, "optimize_fx")
+    with torch.no_grad():
+        torch.testing.assert_close(_seeded(module, X), _seeded(model, X))
+
+
 class NoiseOnAConstant(Noise):
     """A random op on a tensor made at trace time: torch.fx would run it for real."""
 

@@ -97,6 +97,18 @@ def generator_error(model: str, call: str, where: str | None) -> RefusedError:
     )
 
 
+def unused_draw_error(model: str, call: str) -> RefusedError:
+    """The refusal of a forward that draws random numbers it never uses, on a route through
+    TorchScript: its dead-code elimination takes the draw for pure and drops it (fuzz finding
+    F14)."""
+    return RefusedError(
+        f"{model}.forward draws random numbers it never uses ({call}): TorchScript drops an "
+        f"unused draw, so every draw after it, and torch's global generator after each call, "
+        f"would differ from eager's. Fix: remove the unused draw; or, to keep it, take the FX "
+        f"stage's module (fxmobile.optimize_fx), which keeps every draw."
+    )
+
+
 def _recorded(tracer: fx.Tracer, name: str, owner: Callable[[], str]) -> Callable[..., Any]:
     """``torch.<name>`` recording a node on ``tracer``; the function itself while a fake value is
     computed (the shape-aware tracer runs each recorded op on fake tensors)."""

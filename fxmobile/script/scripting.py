@@ -34,7 +34,7 @@ from torch.fx.passes.shape_prop import TensorMetadata
 from fxmobile import ops
 from fxmobile.capture.checks import deep_copy
 from fxmobile.capture.hooks import hook_kinds
-from fxmobile.capture.random_calls import generator_error, seed_call_error
+from fxmobile.capture.random_calls import generator_error, seed_call_error, unused_draw_error
 from fxmobile.errors import ScriptingError
 from fxmobile.passes.graph_utils import tensor_meta
 from fxmobile.script.control_flow import branches_on_inputs, frozen_forward, source_line
@@ -104,6 +104,7 @@ def to_torchscript(
     if any([_drop_return_annotation(gm), _alias_aware_type_as(gm), _scriptable_empty_index(gm)]):
         gm.recompile()
     name = type(gm).__name__
+    refuse_unused_draws(gm, name)
     try:
         scripted = quietly_script(gm)
     except Exception as exc:
@@ -155,6 +156,17 @@ def _why_a_trace_differs(inputs: str, scriptable: str) -> str:
         f"the trace keeps the branch the example inputs took). Fix: make {scriptable} "
         f"scriptable (TorchScript keeps the branch), or compute the same for every layout."
     )
+
+
+def refuse_unused_draws(gm: fx.GraphModule, name: str) -> None:
+    """``RefusedError`` when ``gm`` draws random numbers it never uses (a random torch op
+    whose result nothing reads): TorchScript would drop the draw, and every draw after it would
+    take other numbers. whatever ``check`` says."""
+    for node in gm.graph.nodes:
+        if node.op in ("call_function", "call_method") and not node.users:
+            call = ops.call_name(node)
+            if call is not None and ops.call_op(node).random:
+                raise unused_draw_error(name, f"torch.{call}")
 
 
 def refuse_rng_state_ops(graph: torch._C.Graph, name: str) -> None:

@@ -34,8 +34,7 @@ class OpenFinding:
 
 
 ALL_STAGES = ("fx", "fx-channels-last", "script-cpu")
-# F2-F13 are fixed, each guarded by its test_regression_* (F1 is a note). F14 (a dead random draw
-# that TorchScript drops) shows as the gate's refusal (tests.fuzz.expect).
+# F2-F14 are fixed, each guarded by its test_regression_* (F1 is a note).
 OPEN: tuple[OpenFinding, ...] = ()
 
 
