@@ -116,6 +116,100 @@ def _closure() -> Callable[[torch.Tensor], torch.Tensor]:
     return outer
 
 
+class _Helpers:
+    """A user's class, its methods of every kind reading strides."""
+
+    @staticmethod
+    def static(t: torch.Tensor) -> int:
+        return t.stride(0)
+
+    @classmethod
+    def of_class(cls, t: torch.Tensor) -> int:
+        return t.stride(0)
+
+    def bound(self, t: torch.Tensor) -> int:
+        return t.stride(0)
+
+
+class ThroughAStaticmethod(nn.Module):
+    _s = staticmethod(_Helpers.static)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self._s(x)
+
+
+class ThroughAClassmethod(nn.Module):
+    _c = _Helpers.__dict__["of_class"]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self._c(x)
+
+
+class ThroughABoundMethod(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fn = _Helpers().bound
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.fn(x)
+
+
+class ThroughAUsersClass(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * _Helpers.static(x)
+
+
+class ThroughAPropertysGetter(nn.Module):
+    table: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.ones(2, 2))
+
+    @property
+    def ready(self) -> bool:
+        return self.table.is_contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if self.ready else x
+
+
+_GLOBAL_BLOCK = ReadsDirectly()
+
+
+class ThroughAGlobalModule(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _GLOBAL_BLOCK(x)
+
+
+class ThroughAGenerator(nn.Module):
+    """The read sits in a nested code object (the generator expression's), not in forward's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * sum(t.stride(0) for t in (x,))
+
+
+def _shadowing_a_builtin() -> Callable[[torch.Tensor], torch.Tensor]:
+    """A user's function named like a builtin (``len``), in the globals of the code calling it."""
+    namespace: dict[str, object] = {"len": _stride_of}
+    exec("def scaled(t):\n    return t * len(t)\n", namespace)
+    function = namespace["scaled"]
+    assert callable(function)
+    return function
+
+
+def _with_an_empty_cell() -> Callable[[torch.Tensor], torch.Tensor]:
+    """A closure over a name assigned only after it is returned: its cell is empty."""
+
+    later: Callable[[torch.Tensor], int]
+
+    def inner(t: torch.Tensor) -> torch.Tensor:
+        return t * later(t)
+
+    return inner
+    later = _stride_of
+
+
 class Hooked(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -130,9 +224,13 @@ class Hooked(nn.Module):
     "target",
     [ReadsDirectly(), ThroughAGlobalFunction(), ThroughAMethod(), ThroughAProperty(),
      ThroughASubmodule(), ThroughAnAttribute(), ThroughAnOpaqueObject(), ThroughGetattr(),
-     Hooked(), _stride_of, _closure()],
+     Hooked(), _stride_of, _closure(), ThroughAStaticmethod(), ThroughAClassmethod(),
+     ThroughABoundMethod(), ThroughAUsersClass(), ThroughAPropertysGetter(),
+     ThroughAGlobalModule(), ThroughAGenerator(), _shadowing_a_builtin()],
     ids=["directly", "global function", "method", "property", "submodule", "attribute",
-         "opaque object", "getattr", "hooked submodule", "function", "closure"],
+         "opaque object", "getattr", "hooked submodule", "function", "closure", "staticmethod",
+         "classmethod", "bound method", "user's class", "property getter", "global module",
+         "generator expression", "shadowed builtin"],
 )  # fmt: skip
 def test_code_that_may_read_strides_is_found(target: nn.Module | Callable[..., object]) -> None:
     assert may_read_layout(target)
@@ -140,9 +238,11 @@ def test_code_that_may_read_strides_is_found(target: nn.Module | Callable[..., o
 
 @pytest.mark.parametrize(
     "target",
-    [Plain(), nn.Sequential(nn.Conv2d(3, 3, 1), nn.ReLU()), _plain, _recursive, F.relu],
-    ids=["user module", "torch modules", "function", "recursive function", "torch function"],
-)
+    [Plain(), nn.Sequential(nn.Conv2d(3, 3, 1), nn.ReLU()), _plain, _recursive, F.relu,
+     _with_an_empty_cell()],
+    ids=["user module", "torch modules", "function", "recursive function", "torch function",
+         "empty closure cell"],
+)  # fmt: skip
 def test_code_of_arithmetic_and_torch_calls_reads_no_strides(
     target: nn.Module | Callable[..., object],
 ) -> None:

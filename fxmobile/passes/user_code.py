@@ -16,7 +16,6 @@ own modules and functions are trusted: their results do not depend on strides.
 
 from __future__ import annotations
 
-import builtins
 import types
 from collections.abc import Callable
 from typing import Any
@@ -99,7 +98,8 @@ def _code_reads(
     if LAYOUT_NAMES & set(code.co_names):
         return True
     for name in code.co_names:
-        if name in scope and not hasattr(builtins, name) and _value_reads(scope[name], owner, seen):
+        # a name in the globals is the user's, even where it shadows a builtin (``len``)
+        if name in scope and _value_reads(scope[name], owner, seen):
             return True
     nested = (c for c in code.co_consts if isinstance(c, types.CodeType))
     return any(_code_reads(c, scope, owner, seen) for c in nested)

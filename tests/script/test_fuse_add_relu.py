@@ -228,6 +228,14 @@ def test_the_run_decides_by_the_result_dtype_not_by_equal_dtypes() -> None:
     torch.testing.assert_close(result.unit(x), IntegerFirst()(x))
 
 
+def test_an_integer_dtype_without_bounds_in_add_relu_is_left_alone() -> None:
+    """``_add_relu`` has no bounds for uint8: fused, it failed an INTERNAL ASSERT."""
+    a, b = A.abs().to(torch.uint8), B.abs().to(torch.uint8)
+    result = FuseAddRelu().call(frozen(Add()), with_inputs(a, b))
+    assert result.rewrites == 0 and result.skips == {MIXED_DTYPES: 1}
+    assert torch.equal(result.unit(a, b), Add()(a, b))
+
+
 class AddInABranch(nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if bool(a.sum() > 0):
