@@ -46,9 +46,10 @@ class Plain(nn.Module):
         self.conv = nn.Conv2d(3, 3, 1)
         self.act = nn.Sequential(nn.ReLU(), nn.Hardswish())
         self.scale = 2.0
+        self.k = 1  # a one-letter attribute
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _recursive(_plain(self.act(self.conv(x)) * self.scale))
+        return _recursive(_plain(self.act(self.conv(x)) * self.scale)) + self.k
 
 
 class ReadsDirectly(nn.Module):
@@ -183,10 +184,11 @@ class ThroughAGlobalModule(nn.Module):
 
 
 class ThroughAGenerator(nn.Module):
-    """The read sits in a nested code object (the generator expression's), not in forward's."""
+    """The read sits in a function only a nested code object (the generator expression's)
+    calls, not forward's own code."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * sum(t.stride(0) for t in (x,))
+        return x * sum(_stride_of(t) for t in (x,))
 
 
 def _shadowing_a_builtin() -> Callable[[torch.Tensor], torch.Tensor]:
