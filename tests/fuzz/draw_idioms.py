@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from hypothesis import strategies as st
 
 from tests.fuzz.dynamic import BRANCH_CONDITIONS
@@ -55,8 +56,9 @@ def weight_shape(kind: Kind, x: Value, opts: dict[str, Any]) -> tuple[int, ...]:
 
 
 def _draw_parametrize(draw: Draw, kind: Kind, x: Value, opts: dict[str, Any]) -> tuple[str, ...]:
-    """torch's parametrizations (orthogonal on square weights only), the older pre-hook API,
-    or custom ones (on the weight or the bias); a custom one may be stacked on a new-API one."""
+    """torch's parametrizations (orthogonal on square float32/float64 weights only), the older
+    pre-hook API, or custom ones (on the weight or the bias); a custom one may be stacked on a
+    new-API one."""
     shape = weight_shape(kind, x, opts)
     bias = ["scale_bias"] if opts["bias"] else []
     families = {
@@ -64,7 +66,10 @@ def _draw_parametrize(draw: Draw, kind: Kind, x: Value, opts: dict[str, Any]) ->
         "older": ["old_weight_norm", "old_spectral_norm"],
         "custom": ["scale", "softsign", *bias],
     }
-    if shape[-1] == shape[-2] and draw(st.booleans()):  # square weights are rare: favour them
+    # square weights are rare: favour them. Not in float16 or bfloat16, where torch's own
+    # orthogonal parametrization fails in eager (its ``base`` is None: long profile, seed 2026)
+    square = shape[-1] == shape[-2] and x.dtype in (torch.float32, torch.float64)
+    if square and draw(st.booleans()):
         names = ["orthogonal"]
     else:
         names = [draw(st.sampled_from(families[draw(st.sampled_from(tuple(families)))]))]
