@@ -9,6 +9,7 @@ runs through a user's plain leaf.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -95,6 +96,27 @@ class ThroughAnAttribute(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.fn(x)
+
+
+class ThroughAPrivateAttribute(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self._fn = _stride_of
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self._fn(x)
+
+
+_CONFIG: dict[str, Any] = {
+    "scale": 2.0, "dtype": torch.float32, "is_tensor": torch.is_tensor, "max": max
+}  # fmt: skip
+
+
+def _configured(t: torch.Tensor) -> torch.Tensor:
+    """Globals of plain data, torch's objects and builtins: nothing of the user's runs."""
+    scale = _CONFIG["scale"]
+    assert _CONFIG["is_tensor"](t) and t.dtype == _CONFIG["dtype"]
+    return t * _CONFIG["max"](scale, 1.0)
 
 
 class ThroughAnOpaqueObject(nn.Module):
@@ -228,11 +250,12 @@ class Hooked(nn.Module):
      ThroughASubmodule(), ThroughAnAttribute(), ThroughAnOpaqueObject(), ThroughGetattr(),
      Hooked(), _stride_of, _closure(), ThroughAStaticmethod(), ThroughAClassmethod(),
      ThroughABoundMethod(), ThroughAUsersClass(), ThroughAPropertysGetter(),
-     ThroughAGlobalModule(), ThroughAGenerator(), _shadowing_a_builtin()],
+     ThroughAGlobalModule(), ThroughAGenerator(), _shadowing_a_builtin(),
+     ThroughAPrivateAttribute()],
     ids=["directly", "global function", "method", "property", "submodule", "attribute",
          "opaque object", "getattr", "hooked submodule", "function", "closure", "staticmethod",
          "classmethod", "bound method", "user's class", "property getter", "global module",
-         "generator expression", "shadowed builtin"],
+         "generator expression", "shadowed builtin", "private attribute"],
 )  # fmt: skip
 def test_code_that_may_read_strides_is_found(target: nn.Module | Callable[..., object]) -> None:
     assert may_read_layout(target)
@@ -241,9 +264,9 @@ def test_code_that_may_read_strides_is_found(target: nn.Module | Callable[..., o
 @pytest.mark.parametrize(
     "target",
     [Plain(), nn.Sequential(nn.Conv2d(3, 3, 1), nn.ReLU()), _plain, _recursive, F.relu,
-     _with_an_empty_cell()],
+     _with_an_empty_cell(), _configured],
     ids=["user module", "torch modules", "function", "recursive function", "torch function",
-         "empty closure cell"],
+         "empty closure cell", "globals of data, torch and builtins"],
 )  # fmt: skip
 def test_code_of_arithmetic_and_torch_calls_reads_no_strides(
     target: nn.Module | Callable[..., object],

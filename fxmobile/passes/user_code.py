@@ -33,6 +33,9 @@ LAYOUT_NAMES = ops.STRIDE_READERS | frozenset({
 })  # fmt: skip
 # Values a name may hold that run no code of the user's.
 _INERT = (int, float, complex, str, bytes, bool, type(None), types.ModuleType)
+# What every module keeps in its __dict__ for torch (_parameters, _modules, hooks...): not the
+# user's attributes, which may be private too (self._fn = ...).
+_MODULE_INTERNALS = frozenset(vars(nn.Module()))
 
 
 def may_read_layout(target: nn.Module | Callable[..., Any]) -> bool:
@@ -52,7 +55,8 @@ def _modules_read(root: nn.Module, seen: set[int]) -> bool:
             return True
         if _trusted(type(module)):
             continue
-        owner = {**vars(type(module)), **{k: v for k, v in vars(module).items() if k[0] != "_"}}
+        own = {k: v for k, v in vars(module).items() if k not in _MODULE_INTERNALS}
+        owner = {**vars(type(module)), **own}
         if _value_reads(type(module).forward, owner, seen):
             return True
     return False
@@ -70,6 +74,8 @@ def _value_reads(value: Any, owner: dict[str, Any], seen: set[int]) -> bool:
         return False
     if isinstance(value, tuple | list | frozenset | set):
         return any(_value_reads(v, owner, seen) for v in value)
+    if isinstance(value, dict):
+        return any(_value_reads(v, owner, seen) for v in value.values())
     if id(value) in seen:
         return False
     seen.add(id(value))
