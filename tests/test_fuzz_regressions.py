@@ -443,10 +443,9 @@ def test_regression_a_failed_tracing_route_leaves_no_constant_behind() -> None:
         assert_acts_like_eager(model, gm, x)
 
 
-# ----------------------------------------------------------------------------- open findings
-# Bugs the fuzzer found in fxmobile, not fixed yet (/work/notes/fuzz-findings.md): each fails
-# today, so each is a strict xfail; when the fix lands it passes, and the mark (and its entry in
-# tests/fuzz/findings.py) goes.
+# ----------------------------------------------------------------------- findings, once open
+# Bugs the fuzzer found that stayed open for a while: each was a strict xfail with an entry in
+# tests/fuzz/findings.py until its fix landed. A new open finding goes the same way.
 
 
 class RecordsItsInput(nn.Module):
