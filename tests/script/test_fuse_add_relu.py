@@ -129,12 +129,20 @@ class ConstantFirst(nn.Module):
         return torch.relu(torch.tensor(0.5, dtype=torch.float64) + a)
 
 
+class IntegerConstantFirst(nn.Module):
+    """Of the add's own dtype: only the constant check says no."""
+
+    def forward(self, a: torch.Tensor) -> torch.Tensor:
+        return torch.relu(torch.tensor([1, -2, 3, -4], dtype=torch.int32) + a)
+
+
 LEFT_ALONE = {
     "written through a view": (WrittenThroughView(), ALIASED, (torch.randn(4),)),
     "add_ target read elsewhere": (
         ReadBeforeInPlaceAdd(), READ_ELSEWHERE, (torch.randn(4), torch.randn(4))
     ),
     "constant first operand": (ConstantFirst(), MIXED_DTYPES, (torch.randn(4),)),
+    "integer constant first operand": (IntegerConstantFirst(), MIXED_DTYPES, (A,)),
 }  # fmt: skip
 
 
