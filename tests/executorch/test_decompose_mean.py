@@ -1,5 +1,5 @@
-"""``decompose_mean``: means, sums and adaptive average pools as ``mean.dim`` over [2, 3] kept,
-or as matmuls by constant weights."""
+"""``decompose_mean``: means, sums, adaptive average pools and average pools of one whole-input
+window as ``mean.dim`` over [2, 3] kept, or as matmuls by constant weights."""
 
 from __future__ import annotations
 
@@ -58,6 +58,9 @@ CASES = {
         1,
     ),
     "pool-2x3": (lambda x: F.adaptive_avg_pool2d(x, (2, 3)), (1, 4, 6, 9), 1, 1, 0),
+    "avg-pool-whole": (lambda x: F.avg_pool2d(x, (5, 4)), (2, 8, 5, 4), 0, 0, 1),
+    # Hugging Face's EfficientNet head: a kernel past the 7 x 7 input, ceil_mode
+    "avg-pool-ceil": (lambda x: F.avg_pool2d(x, 1280, ceil_mode=True), (1, 8, 7, 7), 0, 0, 1),
 }
 
 
@@ -70,6 +73,7 @@ def test_each_reduction_becomes_ops_xnnpack_takes_and_matches_float64(name: str)
     assert record.rewrites == 1
     assert count(gm, aten.sum.dim_IntList) == 0
     assert count(gm, aten.adaptive_avg_pool2d.default) == 0
+    assert count(gm, aten.avg_pool2d.default) == 0
     assert count(gm, aten.linear.default) == linears
     assert count(gm, aten.bmm.default) == bmms
     assert count(gm, aten.mean.dim) == means
@@ -78,7 +82,9 @@ def test_each_reduction_becomes_ops_xnnpack_takes_and_matches_float64(name: str)
     assert_equivalent(model, gm, x)
 
 
-@pytest.mark.parametrize("name", ["spatial", "last", "tokens", "apart", "pool-2x3"])
+@pytest.mark.parametrize(
+    "name", ["spatial", "last", "tokens", "apart", "pool-2x3", "avg-pool-whole", "avg-pool-ceil"]
+)
 def test_a_nan_or_infinity_reaches_the_outputs_it_reaches_in_eager(name: str) -> None:
     f, shape, *_ = CASES[name]
     torch.manual_seed(0)
@@ -94,6 +100,18 @@ def test_a_nan_or_infinity_reaches_the_outputs_it_reaches_in_eager(name: str) ->
     assert torch.allclose(got[finite], expected[finite], atol=1e-5)
 
 
+def test_own_flow_leaves_a_whole_input_ceil_mode_pool_outside_and_this_leaves_none() -> None:
+    """Hugging Face's EfficientNet head: its program had one op on portable kernels, this
+    pool, at about 7.5 s a call."""
+    model = Function(lambda x: F.avg_pool2d(x, 1280, ceil_mode=True)).eval()
+    x = torch.randn(1, 8, 7, 7)
+    before = program_of(exported(model, x), x)
+    assert [p.op for p in before.portable_ops] == ["aten.avg_pool2d"]
+    gm, _ = run_pass(DecomposeMean(), exported(model, x), x)
+    after = program_of(gm, x)
+    assert (after.delegate_calls, after.portable_ops) == (1, ())
+
+
 def test_own_flow_leaves_the_token_mean_outside_and_this_leaves_none() -> None:
     torch.manual_seed(0)
     model, x = Head().eval(), torch.randn(2, 7, 8)
@@ -106,18 +124,27 @@ def test_own_flow_leaves_the_token_mean_outside_and_this_leaves_none() -> None:
 
 @pytest.mark.parametrize(
     "f",
-    [lambda x: x.mean((2, 3), keepdim=True), lambda x: F.adaptive_avg_pool2d(x, 1)],
-    ids=["kept-spatial-mean", "contiguous-pool"],
+    [
+        lambda x: x.mean((2, 3), keepdim=True),
+        lambda x: F.adaptive_avg_pool2d(x, 1),
+        lambda x: F.avg_pool2d(x, 2),
+        lambda x: F.avg_pool2d(x, (4, 4)),
+        lambda x: F.avg_pool2d(x, (5, 4), padding=(1, 0), ceil_mode=True),
+    ],
+    ids=["kept-spatial-mean", "contiguous-pool", "pool-of-windows", "window-short", "padded"],
 )
 def test_the_global_pool_xnnpack_takes_is_no_candidate(
     f: Callable[[torch.Tensor], torch.Tensor],
 ) -> None:
     """A 4-D mean over [2, 3] kept XNNPACK takes; a 1 x 1 adaptive pool of a contiguous tensor
-    ExecuTorch makes that mean (rewriting it would cost an export again, for nothing)."""
+    ExecuTorch makes that mean (rewriting it would cost an export again, for nothing). An
+    average pool of several windows, of one window shorter than the input, or of a padded
+    one is no mean."""
     model, x = Function(f).eval(), torch.randn(2, 8, 5, 4)
     gm, record = run_pass(DecomposeMean(), exported(model, x), x)
     assert (record.rewrites, dict(record.skips)) == (0, {})
-    assert count(gm, aten.mean.dim) + count(gm, aten.adaptive_avg_pool2d.default) == 1
+    pools = (aten.mean.dim, aten.adaptive_avg_pool2d.default, aten.avg_pool2d.default)
+    assert sum(count(gm, op) for op in pools) == 1
 
 
 @pytest.mark.parametrize(
@@ -140,8 +167,13 @@ def test_the_global_pool_xnnpack_takes_is_no_candidate(
             torch.randn(MAX_WEIGHTS + 1, 1, 2),
             f"a bmm weight of {MAX_WEIGHTS + 1} elements (over {MAX_WEIGHTS})",
         ),
+        (
+            lambda x: F.avg_pool2d(x, (5, 4), divisor_override=3),
+            torch.randn(1, 2, 5, 4),
+            "a divisor_override: not the mean",
+        ),
     ],
-    ids=["float64", "dtype", "empty", "not-dividing", "large-weight"],
+    ids=["float64", "dtype", "empty", "not-dividing", "large-weight", "divisor-override"],
 )
 def test_what_it_cannot_rewrite_is_left_alone_with_the_reason(
     f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, reason: str

@@ -16,6 +16,9 @@
 
     adaptive_avg_pool2d(x, [h, w])  H = h*kh, W = w*kw  ->  the mean of x viewed as
                                                             [N, C, h, kh, w, kw] over kh and kw
+    avg_pool2d(x, k)  one window, the whole input       ->  mean(x, [2, 3], keepdim)
+        (output 1 x 1, k >= H and k >= W, padding 0: the window is clipped to the input and
+        divides by its H * W elements, ceil_mode or not)
 
 Each run holds the same number of elements per output, so the mean of the runs' means is the
 mean; the matmuls multiply by constants (1/D or 1) and add, as the mean does. ExecuTorch's
@@ -24,7 +27,10 @@ and has no config for ``sum`` or for ``_adaptive_avg_pool2d`` to other than 1 x 
 run on portable kernels between two delegate calls (a ``x.mean(1)`` over tokens in LeViT's and
 EfficientFormer's heads, ``x.mean((2, 3))`` in ShuffleNet's). ``adaptive_avg_pool2d`` to 1 x 1
 of a permuted tensor (ConvNeXt's, Swin's and EdgeNeXt's heads) becomes an ``as_strided_copy``
-in ExecuTorch's own lowering; as ``mean.dim`` it is a global pool.
+in ExecuTorch's own lowering; as ``mean.dim`` it is a global pool. So is an ``avg_pool2d``
+whose one window is the whole input: Hugging Face's EfficientNet head,
+``AvgPool2d(1280, ceil_mode=True)`` over 7 x 7, which XNNPACK declines (ceil_mode) and the
+portable kernel took about 7.5 s a call for.
 
 The forms are measured (ExecuTorch's runtime, one thread): a mean over the last dim of
 [1, 196, 384] as ``linear`` 0.12 ms, as ``mean.dim`` of a [rows, 1, 1, C] view 0.22 ms (the
@@ -67,6 +73,7 @@ REDUCTIONS = frozenset({aten.mean.dim, aten.sum.dim_IntList})
 WHOLE = frozenset({aten.mean.default, aten.sum.default})  # over every dim, to a 0-d tensor
 MEANS = frozenset({aten.mean.dim, aten.mean.default})
 ADAPTIVE = frozenset({aten.adaptive_avg_pool2d.default, aten._adaptive_avg_pool2d.default})
+POOL = aten.avg_pool2d.default
 MAX_WEIGHTS = 1 << 16  # elements of a bmm's constant weight, [A, 1, D]
 
 
@@ -87,7 +94,7 @@ def can_decompose(node: fx.Node) -> Reduction | str | None:
     """The reduction ``node`` is, a reason it must stay, or None when it is none to rewrite."""
     target = node.target
     if node.op != "call_function" or not (
-        target in REDUCTIONS or target in WHOLE or target in ADAPTIVE
+        target in REDUCTIONS or target in WHOLE or target in ADAPTIVE or target is POOL
     ):
         return None
     source = node.args[0]
@@ -97,6 +104,8 @@ def can_decompose(node: fx.Node) -> Reduction | str | None:
         return "input shape unknown (pass example_inputs)"
     if not sizes:
         return None  # a reduction of a 0-d tensor is the tensor
+    if target is POOL and not one_whole_window(node, sizes, out):
+        return None  # a pool of windows, XNNPACK's average pool
     if (
         argument(node, 3, "dtype") if target in REDUCTIONS else node.kwargs.get("dtype")
     ) is not None:
@@ -107,6 +116,10 @@ def can_decompose(node: fx.Node) -> Reduction | str | None:
         return "an empty input"
     if target in ADAPTIVE:
         return _adaptive(node, source, sizes, out)
+    if target is POOL:
+        if argument(node, 6, "divisor_override") is not None:
+            return "a divisor_override: not the mean"
+        return Reduction(node, source, sizes, (2, 3), True, out, global_pool=True)
     dims = reduced_dims(argument(node, 1, "dim") if target in REDUCTIONS else None, len(sizes))
     assert dims is not None  # torch checked them when the model ran
     mean = target in MEANS
@@ -115,6 +128,25 @@ def can_decompose(node: fx.Node) -> Reduction | str | None:
         return None  # XNNPACK's global average pool takes it as it is
     found = Reduction(node, source, sizes, dims, mean, out, global_pool)
     return _weights_fit(found)
+
+
+def one_whole_window(node: fx.Node, sizes: tuple[int, ...], out: tuple[int, ...]) -> bool:
+    """Whether ``avg_pool2d`` ``node`` averages one window that holds the whole input: a 4-D
+    input, a 1 x 1 output, a kernel at least the input's size and no padding."""
+    if len(sizes) != 4 or out[2:] != (1, 1):
+        return False
+    kernel, padding = (
+        _pair(argument(node, 1, "kernel_size")),
+        _pair(argument(node, 3, "padding", 0)),
+    )
+    return kernel[0] >= sizes[2] and kernel[1] >= sizes[3] and padding == (0, 0)
+
+
+def _pair(value: int | list[int] | tuple[int, ...]) -> tuple[int, int]:
+    """A pooling size as ATen takes it (one int, or one or two of them) as (height, width)."""
+    if isinstance(value, int):
+        return value, value
+    return (value[0], value[0]) if len(value) == 1 else (value[0], value[1])
 
 
 def _adaptive(
@@ -210,11 +242,13 @@ def _reduce(
 
 
 class DecomposeMean(FxPass):
-    """Write each float32 mean, sum and adaptive average pool XNNPACK declines in ops it takes."""
+    """Write each float32 mean, sum and average pool to 1 x 1 XNNPACK declines (or gets wrong)
+    in ops it takes."""
 
     optimization = MobileOptimizerType.DECOMPOSE_MEAN
     summary: ClassVar[str] = (
-        "mean/sum over dims, adaptive_avg_pool2d -> mean.dim over [2, 3] kept, or matmuls by 1/D"
+        "mean/sum over dims, adaptive_avg_pool2d, a whole-input avg_pool2d -> mean.dim over "
+        "[2, 3] kept, or matmuls by 1/D"
     )
     needs_shapes: ClassVar[bool] = True
 
