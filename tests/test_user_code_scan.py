@@ -234,6 +234,23 @@ def _with_an_empty_cell() -> Callable[[torch.Tensor], torch.Tensor]:
     later = _stride_of
 
 
+class ClassAttributeNamedLikeAGlobal(nn.Module):
+    """``self._stride_of`` is harmless; the global ``_stride_of`` forward also calls is not."""
+
+    _stride_of = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self._stride_of * _stride_of(x)
+
+
+_HOLDS_ITSELF: list[Any] = [1.0]
+_HOLDS_ITSELF.append(_HOLDS_ITSELF)
+
+
+def _reads_a_list_that_holds_itself(t: torch.Tensor) -> torch.Tensor:
+    return t * len(_HOLDS_ITSELF)
+
+
 class Hooked(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -251,11 +268,12 @@ class Hooked(nn.Module):
      Hooked(), _stride_of, _closure(), ThroughAStaticmethod(), ThroughAClassmethod(),
      ThroughABoundMethod(), ThroughAUsersClass(), ThroughAPropertysGetter(),
      ThroughAGlobalModule(), ThroughAGenerator(), _shadowing_a_builtin(),
-     ThroughAPrivateAttribute()],
+     ThroughAPrivateAttribute(), ClassAttributeNamedLikeAGlobal()],
     ids=["directly", "global function", "method", "property", "submodule", "attribute",
          "opaque object", "getattr", "hooked submodule", "function", "closure", "staticmethod",
          "classmethod", "bound method", "user's class", "property getter", "global module",
-         "generator expression", "shadowed builtin", "private attribute"],
+         "generator expression", "shadowed builtin", "private attribute",
+         "global behind a class attribute"],
 )  # fmt: skip
 def test_code_that_may_read_strides_is_found(target: nn.Module | Callable[..., object]) -> None:
     assert may_read_layout(target)
@@ -264,9 +282,9 @@ def test_code_that_may_read_strides_is_found(target: nn.Module | Callable[..., o
 @pytest.mark.parametrize(
     "target",
     [Plain(), nn.Sequential(nn.Conv2d(3, 3, 1), nn.ReLU()), _plain, _recursive, F.relu,
-     _with_an_empty_cell(), _configured],
+     _with_an_empty_cell(), _configured, _reads_a_list_that_holds_itself],
     ids=["user module", "torch modules", "function", "recursive function", "torch function",
-         "empty closure cell", "globals of data, torch and builtins"],
+         "empty closure cell", "globals of data, torch and builtins", "list holding itself"],
 )  # fmt: skip
 def test_code_of_arithmetic_and_torch_calls_reads_no_strides(
     target: nn.Module | Callable[..., object],

@@ -72,13 +72,13 @@ def _value_reads(value: Any, owner: dict[str, Any], seen: set[int]) -> bool:
     """Whether ``value``, a name's value, may run code that reads a layout."""
     if isinstance(value, _INERT) or value is None:
         return False
+    if id(value) in seen:  # also ends a list that holds itself
+        return False
+    seen.add(id(value))
     if isinstance(value, tuple | list | frozenset | set):
         return any(_value_reads(v, owner, seen) for v in value)
     if isinstance(value, dict):
         return any(_value_reads(v, owner, seen) for v in value.values())
-    if id(value) in seen:
-        return False
-    seen.add(id(value))
     if isinstance(value, staticmethod | classmethod):
         return _value_reads(value.__func__, owner, seen)
     if isinstance(value, property):
@@ -89,8 +89,8 @@ def _value_reads(value: Any, owner: dict[str, Any], seen: set[int]) -> bool:
         return False
     if isinstance(value, types.FunctionType):
         cells = [c.cell_contents for c in value.__closure__ or () if _filled(c)]
-        scope = {**value.__globals__, **owner}
-        return _code_reads(value.__code__, scope, owner, seen) or _value_reads(cells, owner, seen)
+        code = value.__code__
+        return _code_reads(code, value.__globals__, owner, seen) or _value_reads(cells, owner, seen)
     if isinstance(value, type):
         return any(_value_reads(v, dict(vars(value)), seen) for v in vars(value).values())
     if isinstance(value, nn.Module):
@@ -99,16 +99,20 @@ def _value_reads(value: Any, owner: dict[str, Any], seen: set[int]) -> bool:
 
 
 def _code_reads(
-    code: types.CodeType, scope: dict[str, Any], owner: dict[str, Any], seen: set[int]
+    code: types.CodeType, globals_: dict[str, Any], owner: dict[str, Any], seen: set[int]
 ) -> bool:
+    """Whether ``code`` names a layout reader, or a global or an attribute of its module
+    (``owner``) that may read one. A name may be both (``self.f`` and a global ``f``): both
+    are followed."""
     if LAYOUT_NAMES & set(code.co_names):
         return True
     for name in code.co_names:
         # a name in the globals is the user's, even where it shadows a builtin (``len``)
-        if name in scope and _value_reads(scope[name], owner, seen):
-            return True
+        for space in (globals_, owner):
+            if name in space and _value_reads(space[name], owner, seen):
+                return True
     nested = (c for c in code.co_consts if isinstance(c, types.CodeType))
-    return any(_code_reads(c, scope, owner, seen) for c in nested)
+    return any(_code_reads(c, globals_, owner, seen) for c in nested)
 
 
 def _filled(cell: types.CellType) -> bool:
