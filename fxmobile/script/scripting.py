@@ -161,7 +161,7 @@ def _why_a_trace_differs(inputs: str, scriptable: str) -> str:
 def refuse_unused_draws(gm: fx.GraphModule, name: str) -> None:
     """``RefusedError`` when ``gm`` draws random numbers it never uses (a random torch op
     whose result nothing reads): TorchScript would drop the draw, and every draw after it would
-    take other numbers. whatever ``check`` says."""
+    take other numbers. Refused whatever ``check`` says."""
     for node in gm.graph.nodes:
         if node.op in ("call_function", "call_method") and not node.users:
             call = ops.call_name(node)

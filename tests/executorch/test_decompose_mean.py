@@ -11,19 +11,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from fxmobile.executorch.passes.decompose_mean import MAX_WEIGHTS, DecomposeMean, can_decompose
-from tests.export_helpers import assert_same_nonfinite, aten, count, exported, program_of, run_pass
+from tests.export_helpers import (
+    Apply,
+    assert_same_nonfinite,
+    aten,
+    count,
+    exported,
+    program_of,
+    run_pass,
+)
 from tests.helpers import assert_equivalent
 
 pytest.importorskip("executorch", reason="the ExecuTorch extra is not installed")
-
-
-class Function(nn.Module):
-    def __init__(self, f: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        super().__init__()
-        self.f = f
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.f(x)
 
 
 class Head(nn.Module):
@@ -68,7 +67,7 @@ CASES = {
 def test_each_reduction_becomes_ops_xnnpack_takes_and_matches_float64(name: str) -> None:
     f, shape, linears, bmms, means = CASES[name]
     torch.manual_seed(0)
-    model, x = Function(f).eval(), torch.randn(shape) * 2 + 1
+    model, x = Apply(f).eval(), torch.randn(shape) * 2 + 1
     gm, record = run_pass(DecomposeMean(), exported(model, x), x)
     assert record.rewrites == 1
     assert count(gm, aten.sum.dim_IntList) == 0
@@ -88,7 +87,7 @@ def test_each_reduction_becomes_ops_xnnpack_takes_and_matches_float64(name: str)
 def test_a_nan_or_infinity_reaches_the_outputs_it_reaches_in_eager(name: str) -> None:
     f, shape, *_ = CASES[name]
     torch.manual_seed(0)
-    model, x = Function(f).eval(), torch.randn(shape)
+    model, x = Apply(f).eval(), torch.randn(shape)
     flat = x.view(-1)
     flat[0], flat[7], flat[-1], flat[-3] = float("nan"), float("inf"), float("-inf"), float("inf")
     gm, _ = run_pass(DecomposeMean(), exported(model, x), x)
@@ -103,7 +102,7 @@ def test_a_nan_or_infinity_reaches_the_outputs_it_reaches_in_eager(name: str) ->
 def test_own_flow_leaves_a_whole_input_ceil_mode_pool_outside_and_this_leaves_none() -> None:
     """Hugging Face's EfficientNet head: its program had one op on portable kernels, this
     pool, at about 7.5 s a call."""
-    model = Function(lambda x: F.avg_pool2d(x, 1280, ceil_mode=True)).eval()
+    model = Apply(lambda x: F.avg_pool2d(x, 1280, ceil_mode=True)).eval()
     x = torch.randn(1, 8, 7, 7)
     before = program_of(exported(model, x), x)
     assert [p.op for p in before.portable_ops] == ["aten.avg_pool2d"]
@@ -140,7 +139,7 @@ def test_the_global_pool_xnnpack_takes_is_no_candidate(
     ExecuTorch makes that mean (rewriting it would cost an export again, for nothing). An
     average pool of several windows, of one window shorter than the input, or of a padded
     one is no mean."""
-    model, x = Function(f).eval(), torch.randn(2, 8, 5, 4)
+    model, x = Apply(f).eval(), torch.randn(2, 8, 5, 4)
     gm, record = run_pass(DecomposeMean(), exported(model, x), x)
     assert (record.rewrites, dict(record.skips)) == (0, {})
     pools = (aten.mean.dim, aten.adaptive_avg_pool2d.default, aten.avg_pool2d.default)
@@ -178,13 +177,13 @@ def test_the_global_pool_xnnpack_takes_is_no_candidate(
 def test_what_it_cannot_rewrite_is_left_alone_with_the_reason(
     f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, reason: str
 ) -> None:
-    _, record = run_pass(DecomposeMean(), exported(Function(f), x), x)
+    _, record = run_pass(DecomposeMean(), exported(Apply(f), x), x)
     assert record.rewrites == 0
     assert record.skips == {reason: 1}
 
 
 def test_without_shapes_it_declines() -> None:
-    model, x = Function(lambda x: x.mean(1)).eval(), torch.randn(2, 7, 16)
+    model, x = Apply(lambda x: x.mean(1)).eval(), torch.randn(2, 7, 16)
     gm = exported(model, x)
     for node in gm.graph.nodes:  # as if nothing had run: no recorded shapes
         node.meta.pop("val", None)

@@ -8,23 +8,21 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from fxmobile.executorch.passes.decompose_mean import DecomposeMean
 from fxmobile.executorch.passes.decompose_vector_norm import DecomposeVectorNorm
-from tests.export_helpers import assert_same_nonfinite, aten, count, exported, program_of, run_pass
+from tests.export_helpers import (
+    Apply,
+    assert_same_nonfinite,
+    aten,
+    count,
+    exported,
+    program_of,
+    run_pass,
+)
 from tests.helpers import assert_equivalent
 
 pytest.importorskip("executorch", reason="the ExecuTorch extra is not installed")
-
-
-class Function(nn.Module):
-    def __init__(self, f: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        super().__init__()
-        self.f = f
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.f(x)
 
 
 # (the norm, the input's shape)
@@ -39,7 +37,7 @@ CASES = {
 def test_each_2_norm_becomes_its_sum_of_squares_and_matches_float64(name: str) -> None:
     f, shape = CASES[name]
     torch.manual_seed(0)
-    model, x = Function(f).eval(), torch.randn(shape) * 3
+    model, x = Apply(f).eval(), torch.randn(shape) * 3
     gm, record = run_pass(DecomposeVectorNorm(), exported(model, x), x)
     assert record.rewrites == 1 and record.skips == {}
     assert count(gm, aten.linalg_vector_norm.default) == 0
@@ -51,7 +49,7 @@ def test_each_2_norm_becomes_its_sum_of_squares_and_matches_float64(name: str) -
 def test_a_nan_or_infinity_reaches_the_outputs_it_reaches_in_eager(name: str) -> None:
     f, shape = CASES[name]
     torch.manual_seed(0)
-    model, x = Function(f).eval(), torch.randn(shape)
+    model, x = Apply(f).eval(), torch.randn(shape)
     flat = x.view(-1)
     flat[0], flat[-1] = float("nan"), float("inf")
     gm, _ = run_pass(DecomposeVectorNorm(), exported(model, x), x)
@@ -66,7 +64,7 @@ def test_a_nan_or_infinity_reaches_the_outputs_it_reaches_in_eager(name: str) ->
 def test_own_flow_leaves_the_norm_on_portable_kernels_and_this_does_not() -> None:
     """EdgeNeXt's 18 portable ops were 6 of these norms: pow, sum and pow each. (The
     ``expand_copy`` of ``F.normalize`` is ``remove_expands``'s.)"""
-    model, x = Function(lambda x: F.normalize(x, dim=-1)).eval(), torch.randn(2, 5, 16)
+    model, x = Apply(lambda x: F.normalize(x, dim=-1)).eval(), torch.randn(2, 5, 16)
     norm_ops = {"aten.pow.Tensor_Scalar", "aten.sum.dim_IntList"}
     before = program_of(exported(model, x), x)
     assert norm_ops <= {p.op for p in before.portable_ops}
@@ -82,7 +80,7 @@ def test_own_flow_leaves_the_norm_on_portable_kernels_and_this_does_not() -> Non
 )
 def test_another_order_is_no_candidate(f: Callable[[torch.Tensor], torch.Tensor]) -> None:
     x = torch.randn(2, 8)
-    gm, record = run_pass(DecomposeVectorNorm(), exported(Function(f), x), x)
+    gm, record = run_pass(DecomposeVectorNorm(), exported(Apply(f), x), x)
     assert (record.rewrites, dict(record.skips)) == (0, {})
     assert count(gm, aten.linalg_vector_norm.default) == 1
 
@@ -106,6 +104,6 @@ def test_another_order_is_no_candidate(f: Callable[[torch.Tensor], torch.Tensor]
 def test_what_it_cannot_rewrite_is_left_alone_with_the_reason(
     f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, reason: str
 ) -> None:
-    gm, record = run_pass(DecomposeVectorNorm(), exported(Function(f), x), x)
+    gm, record = run_pass(DecomposeVectorNorm(), exported(Apply(f), x), x)
     assert record.rewrites == 0 and record.skips == {reason: 1}
     assert count(gm, aten.linalg_vector_norm.default) == 1
