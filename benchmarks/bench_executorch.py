@@ -429,6 +429,12 @@ def flow_seconds(runs: list[ModelRun], fmt: str = "github") -> str:
     return tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True)
 
 
+def write_json(path: Path, rounds: int, threads: list[int], runs: list[ModelRun]) -> None:
+    """Every figure of ``runs`` into ``path`` (``--json``)."""
+    found = {"rounds": rounds, "threads": threads, "models": to_json(runs)}
+    path.write_text(json.dumps(found, indent=1))
+
+
 def main() -> None:
     """Bench every model at every thread count; print the tables, optionally write the docs."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -461,12 +467,19 @@ def main() -> None:
         for spec in args.models:
             start = time.perf_counter()
             print(f"{spec} ...", file=sys.stderr, flush=True)
-            runs.append(
-                bench(spec, args.threads, children, args.rounds, args.profile_runs, args.profile)
-            )
-            for name, error in runs[-1].errors.items():
+            try:
+                run = bench(
+                    spec, args.threads, children, args.rounds, args.profile_runs, args.profile
+                )
+            except Exception as exc:  # a model that cannot be built: the others still run
+                run = ModelRun(entry(spec).key, kind_of(entry(spec)))
+                run.errors["model"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            runs.append(run)
+            for name, error in run.errors.items():
                 print(f"  {spec}: {name} failed: {error}", file=sys.stderr)
             print(f"{spec} done in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+            if args.json:  # after each model: a run cut short keeps what it measured
+                write_json(args.json, args.rounds, args.threads, runs)
     for count in args.threads:
         print(f"\n{count} thread(s), median ms [10th percentile], {args.rounds} rounds\n")
         print(table(runs, count, "simple"))
@@ -479,9 +492,6 @@ def main() -> None:
         print(f"\nmedian own / fxmobile: {statistics.median(ratios):.2f}x over {len(ratios)} runs")
     if any(run.profiles for run in runs):
         print(f"\n{profiles(runs, args.profile_runs)}")
-    if args.json:
-        found = {"rounds": args.rounds, "threads": args.threads, "models": to_json(runs)}
-        args.json.write_text(json.dumps(found, indent=1))
     if args.write_docs:
         run_info = None
         for count in args.threads:

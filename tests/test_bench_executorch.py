@@ -4,10 +4,15 @@ side-by-side table, and one tiny model profiled end to end in this process."""
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 
+from benchmarks import bench_executorch
 from benchmarks import executorch_op_profile as op_profile
 from benchmarks.bench_executorch import (
     PROFILED,
@@ -161,3 +166,25 @@ def test_profile_of_a_tiny_program_in_this_process() -> None:
         # the pip runtime logs XNNPACK's operators in this process too
         assert profile[CONV].calls == profile[GEMM].calls == 1
         assert profile["Method::execute"].us >= profile["DELEGATE_CALL"].us > 0
+
+
+def test_regression_a_model_that_cannot_be_built_leaves_the_others_measured(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A missing package (transformers) raised out of main() after 40 minutes of measuring the
+    # models before it, and every figure was lost with it.
+    def fake_bench(spec: str, *args: object) -> ModelRun:
+        if spec == "resnet18":
+            raise ModuleNotFoundError("No module named 'transformers'")
+        return _run("cnn", 10.0, 10.0)
+
+    monkeypatch.setattr(bench_executorch, "bench", fake_bench)
+    monkeypatch.setattr(bench_executorch, "installed", lambda _runtime: False)
+    found = tmp_path / "figures.json"
+    argv = ["bench_executorch.py", "--models", "resnet18", "mobilenet_v2", "--threads", "1"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--json", str(found)])
+    bench_executorch.main()
+    models = json.loads(found.read_text())["models"]
+    assert [m["model"] for m in models] == ["resnet18", "m"]
+    assert models[0]["errors"] == {"model": "ModuleNotFoundError: No module named 'transformers'"}
+    assert models[1]["latency"]["1"]["pte_fxm"]["median_ms"] == 10.0
