@@ -53,3 +53,32 @@ def test_an_inner_unsqueeze_no_longer_cuts_the_delegate() -> None:
     gm, _ = run_pass(ReshapeViews(), exported(model, x), x)
     after = program_of(gm, x)
     assert (after.delegate_calls, after.portable_ops) == (1, ())
+
+
+def test_a_slice_over_whole_dims_no_longer_cuts_the_delegate() -> None:
+    # timm's Swin crops its windows back with x[:, :H, :W, :] in every block; the export keeps
+    # that as an alias, which the partitioner declined: Swin-T was 13 delegates and 12 copies
+    model = Apply(lambda x: torch.relu(x)[:, :4, :8].contiguous() * x).eval()
+    x = torch.randn(2, 4, 8)
+    gm = exported(model, x)
+    assert count(gm, aten.alias.default) == 1
+    before = program_of(gm, x)
+    assert {p.op for p in before.portable_ops} == {"aten.alias_copy"}
+    gm, record = run_pass(ReshapeViews(), exported(model, x), x)
+    assert record.rewrites == 1
+    assert count(gm, aten.alias.default) == count(gm, aten.reshape.default) == 0
+    assert_equivalent(model, gm, x)
+    after = program_of(gm, x)
+    assert (after.delegate_calls, after.portable_ops) == (1, ())
+
+
+def test_an_alias_that_is_an_output_becomes_a_reshape() -> None:
+    model = Apply(lambda x: torch.relu(x)[:, :4]).eval()
+    x = torch.randn(2, 4)
+    gm = exported(model, x)
+    assert count(gm, aten.alias.default) == 1
+    gm, record = run_pass(ReshapeViews(), gm, x)
+    assert record.rewrites == 1
+    assert count(gm, aten.alias.default) == 0
+    assert count(gm, aten.reshape.default) == 1
+    assert_equivalent(model, gm, x)

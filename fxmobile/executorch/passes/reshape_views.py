@@ -5,12 +5,17 @@
     flatten(x, a, b)       -> reshape(x, out.shape)
     unflatten(x, d, sizes) -> reshape(x, out.shape)
     expand(x, sizes)       -> reshape(x, out.shape)      (sizes that add no element: a no-op)
+    alias(x)               -> x                          (a reshape when it is an output)
 
 Each keeps the elements in order and changes only the sizes, so a reshape to the output's
 static shape computes the same tensor (the graph is functional: nobody writes through the view).
 ExecuTorch's XNNPACK partitioner takes ``view_copy``, but has no config for ``squeeze_copy``
 (timm's attention unbinds q, k and v, which leaves three squeezes per block) and takes
-``unsqueeze_copy`` only on the trailing dim; each one it declines cuts the delegate in two.
+``unsqueeze_copy`` only on the trailing dim; each one it declines cuts the delegate in two. An
+``alias`` is what the export leaves of a slice over a whole dim (timm's Swin crops its windows
+back with ``x[:, :H, :W, :]`` in every block, twelve cuts in Swin-T); the partitioner has no
+config for ``alias_copy`` either, and the tensor it names is its input's, so its users take the
+input itself (a graph output gets a reshape: an output is never its input's tensor).
 
 Left alone, with the reason: an output whose shape is unknown or symbolic.
 """
@@ -35,6 +40,7 @@ SHAPE_ONLY = frozenset(
         aten.unsqueeze.default,
         aten.flatten.using_ints,
         aten.unflatten.int,
+        aten.alias.default,
     }
 )
 
@@ -61,15 +67,19 @@ def can_reshape(node: fx.Node) -> tuple[int, ...] | str | None:
 
 
 class ReshapeViews(FxPass):
-    """Write squeezes, unsqueezes, flattens and no-op expands as reshapes."""
+    """Write squeezes, unsqueezes, flattens and no-op expands as reshapes; drop aliases."""
 
     optimization = MobileOptimizerType.RESHAPE_VIEWS
-    summary: ClassVar[str] = "squeeze, unsqueeze, flatten, unflatten, no-op expand -> reshape"
+    summary: ClassVar[str] = "squeeze, unsqueeze, flatten, no-op expand, alias -> reshape"
     needs_shapes: ClassVar[bool] = True
 
     def call(self, gm: fx.GraphModule, ctx: FxContext) -> PassResult[fx.GraphModule]:
         rewrites, skips = 0, Skips()
         for node in list(gm.graph.nodes):
+            if node.target is aten.alias.default and all(u.op != "output" for u in node.users):
+                replace_node(node, node.args[0])
+                rewrites += 1
+                continue
             found = can_reshape(node)
             if isinstance(found, str):
                 skips.add(found)
