@@ -24,7 +24,9 @@ Candidates (each names the runtime it ran on and its kernels):
 Both ExecuTorch programs share the process's XNNPACK thread pool, sized to each thread count
 before its rounds. Per model the table also gives each program's delegate calls and ops left on
 portable kernels, and the seconds each flow took to make it. Models: torchvision names, zoo
-keys (``python -m model_zoo_checks --list``), or ``timm:NAME`` for any timm model.
+keys (``python -m model_zoo_checks --list``), or ``timm:NAME`` for any timm model; the
+ecosystem entries (``transformers:deit``) need ``pip install -e '.[ecosystem]'``, checked before
+the first model.
 
 Where fxmobile's program misses its target at a thread count (or at every one, ``--profile``),
 both programs are then profiled per op at that count, in this process, from their ETDumps
@@ -73,6 +75,7 @@ from fxmobile.executorch.runtime import ProgramRunner, set_threads
 from fxmobile.runtime import RuntimeProcess, installed
 from fxmobile.runtime.latency import Here, Latency, OnRuntime, compare_latency
 from fxmobile.verify import compare_outputs
+from model_zoo_checks import ecosystem
 from model_zoo_checks.timm_models import PREFIX, input_shape
 from model_zoo_checks.zoo import Kind, ZooModel, all_models
 
@@ -455,6 +458,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.profile_runs < 1:
         parser.error(f"--profile-runs {args.profile_runs}: profile at least one run")
+    missing = ecosystem.missing_packages(entry(spec) for spec in args.models)
+    if missing:
+        parser.error(f"the ecosystem models need {', '.join(missing)}: {ecosystem.INSTALL}")
     load_before, _ = figures.load()
     children: dict[int, RuntimeProcess] = {}
     runs: list[ModelRun] = []

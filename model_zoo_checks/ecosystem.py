@@ -21,14 +21,22 @@ randomized the way every zoo model's are (``fxmobile.verify.randomize_batchnorm_
 
 from __future__ import annotations
 
+import importlib.util
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from torch import nn
 
 from model_zoo_checks.zoo import Kind, ZooModel
 
 _OFFLINE = {"HF_HUB_OFFLINE": "1", "YOLO_OFFLINE": "1"}
+# The package each family's builder imports, and what installs them all.
+_PACKAGES = {
+    "ultralytics": "ultralytics",
+    "transformers": "transformers",
+    "smp": "segmentation_models_pytorch",
+}
+INSTALL = "pip install -e '.[ecosystem]'"
 
 
 def _yolo(cfg: str) -> Callable[[], nn.Module]:
@@ -122,6 +130,13 @@ _MODELS: dict[str, tuple[str, tuple[int, ...], Callable[[], nn.Module]]] = {
 def ecosystem_models() -> list[ZooModel]:
     """The catalogue; listing it imports none of the ecosystems."""
     return [ZooModel(n, Kind.ECOSYSTEM, shape, family) for n, (family, shape, _) in _MODELS.items()]
+
+
+def missing_packages(entries: Iterable[ZooModel]) -> list[str]:
+    """The packages the ecosystem entries among ``entries`` need that do not import here, so a
+    run can refuse before its first model rather than fail on the first of these an hour in."""
+    needed = {_PACKAGES[e.family] for e in entries if e.kind is Kind.ECOSYSTEM}
+    return sorted(name for name in needed if importlib.util.find_spec(name) is None)
 
 
 def build(entry: ZooModel) -> nn.Module:

@@ -35,6 +35,7 @@ from fxmobile.api import EXECUTORCH
 from fxmobile.cli.common import blocklist_member
 from fxmobile.runtime import RUNTIMES, RuntimeNotInstalledError, require_installed
 from model_zoo_checks import baseline as baseline_io
+from model_zoo_checks import ecosystem
 from model_zoo_checks.confirm import confirm_latency
 from model_zoo_checks.journal import JOURNAL, Journal
 from model_zoo_checks.on_runtimes import runtime_versions
@@ -255,7 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``model_zoo_checks.merge``); returns the exit status.
 
     0 clean (or ``--list``, ``--no-compare``, ``--update-baseline``), 1 a confirmed regression,
-    2 bad arguments: an unknown model, an empty selection, a reference runtime not installed,
+    2 bad arguments: an unknown model, an empty selection, a package an ecosystem model needs or
+    a reference runtime not installed,
     ``--resume`` without ``--out``, ``--runtime executorch`` with a GPU backend or without
     ExecuTorch installed, a baseline of the other kind of run.
     """
@@ -280,6 +282,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if not entries:
         print("error: no model matches the selection (see --list)", file=sys.stderr)
+        return 2
+    missing = ecosystem.missing_packages(entries)
+    if missing:
+        print(
+            f"error: the ecosystem models selected need {', '.join(missing)}: {ecosystem.INSTALL}",
+            file=sys.stderr,
+        )
         return 2
     executorch = args.runtime == EXECUTORCH
     refusal = _refuse_executorch(args) if executorch else None

@@ -50,3 +50,24 @@ def test_catalogue_has_each_ecosystem() -> None:
     assert {"ultralytics:yolov8n", "ultralytics:yolo11n"} <= {m.key for m in MODELS}
     assert sum(m.family == "transformers" for m in MODELS) == 8
     assert [m for m in all_models() if m.kind is Kind.ECOSYSTEM] == MODELS
+
+
+def test_a_run_refuses_before_its_first_model_when_a_package_is_missing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # bench_executorch measured for 40 minutes, then stopped at its first transformers model
+    # for want of the package; the zoo would have recorded every such model as an error
+    from model_zoo_checks import ecosystem, run
+
+    # only transformers is missing, whatever this venv holds
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else name
+    )
+
+    def no_run(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(run, "run_zoo", no_run)
+    argv = ["--models", "resnet18", "transformers:deit", "smp:fpn_efficientnet-b0"]
+    assert run.main([*argv, "--no-compare"]) == 2
+    assert f"need transformers: {ecosystem.INSTALL}" in capsys.readouterr().err
