@@ -106,6 +106,7 @@ class MobileOptimizerType(enum.Enum):
     SOFTMAX_OVER_LAST_DIM = "softmax_over_last_dim"
     POW_AS_PRODUCTS = "pow_as_products"
     REMOVE_LAYOUT_COPIES = "remove_layout_copies"
+    AVG_POOL_PADDING_AS_PAD = "avg_pool_padding_as_pad"
     # (the export stage's decompose_batchnorm is DECOMPOSE_BATCHNORM: the same rewrite)
 
 

@@ -6,19 +6,22 @@ and hand-written attention's matmuls after it, make the batched matmuls, reshape
 the later passes tidy. Then what computes numbers in ops XNNPACK declines or gets wrong:
 LayerNorm, GroupNorm, a BatchNorm no conv takes, 2-norms (their sum of squares is a sum for the
 next pass), means and sums, the tanh GELU, a softmax over an inner dim, small integer powers,
-nearest upsampling. Then the ops that only move data: rolls, reflect and replicate pads,
-strided slices, selections, broadcasts, layout copies and shape-only views (attention's unbind
-of q, k and v among them; a no-op expand is a view, a real one a broadcast). Last the numbers
-of arithmetic, once every pass that adds arithmetic has run.
+nearest upsampling, an average pooling that counts its padding. Then the ops that only move
+data: rolls, reflect and replicate pads, strided slices, selections, broadcasts, layout copies
+and shape-only views (attention's unbind of q, k and v among them; a no-op expand is a view, a
+real one a broadcast). Last the numbers of arithmetic, once every pass that adds arithmetic has
+run.
 
 No pass here makes a candidate for an earlier one: none emits a subgraph of constants only,
 attention, a norm, a reduction XNNPACK declines, a GELU, a softmax, a power, an upsampling, a
-roll, a pad other than a constant one, a strided slice, a selection, an expand or a layout
-copy. So one run in this order leaves nothing the pipeline would still rewrite.
+pooling that counts its padding, a roll, a pad other than a constant one, a strided slice, a
+selection, an expand or a layout copy. So one run in this order leaves nothing the pipeline
+would still rewrite.
 """
 
 from __future__ import annotations
 
+from fxmobile.executorch.passes.avg_pool_padding_as_pad import AvgPoolPaddingAsPad
 from fxmobile.executorch.passes.decompose_batchnorm import DecomposeBatchNorm
 from fxmobile.executorch.passes.decompose_group_norm import DecomposeGroupNorm
 from fxmobile.executorch.passes.decompose_layer_norm import DecomposeLayerNorm
@@ -56,6 +59,7 @@ EXPORT_PASSES: tuple[type[FxPass], ...] = (
     SoftmaxOverLastDim,
     PowAsProducts,
     UpsampleNearestAsConvTranspose,
+    AvgPoolPaddingAsPad,
     RollAsSlices,
     PadAsSlices,
     StridedSlices,
