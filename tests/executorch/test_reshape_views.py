@@ -82,3 +82,18 @@ def test_an_alias_that_is_an_output_becomes_a_reshape() -> None:
     assert count(gm, aten.alias.default) == 0
     assert count(gm, aten.reshape.default) == 1
     assert_equivalent(model, gm, x)
+
+
+def test_a_cat_of_one_tensor_no_longer_cuts_the_delegate() -> None:
+    # torchvision's DenseNet starts each dense block with torch.cat([features], 1): the
+    # partitioner takes a cat of two tensors or more, so DenseNet-121 was 5 delegate calls
+    model = Apply(lambda x: torch.cat([torch.relu(x)], 1) * x).eval()
+    x = torch.randn(2, 3, 4)
+    before = program_of(exported(model, x), x)
+    assert {p.op for p in before.portable_ops} == {"aten.cat"}
+    gm, record = run_pass(ReshapeViews(), exported(model, x), x)
+    assert record.rewrites == 1
+    assert count(gm, aten.cat.default) == 0
+    assert_equivalent(model, gm, x)
+    after = program_of(gm, x)
+    assert (after.delegate_calls, after.portable_ops) == (1, ())

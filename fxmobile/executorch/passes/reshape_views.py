@@ -6,6 +6,7 @@
     unflatten(x, d, sizes) -> reshape(x, out.shape)
     expand(x, sizes)       -> reshape(x, out.shape)      (sizes that add no element: a no-op)
     alias(x)               -> x                          (a reshape when it is an output)
+    cat([x], d)            -> x                          (likewise)
 
 Each keeps the elements in order and changes only the sizes, so a reshape to the output's
 static shape computes the same tensor (the graph is functional: nobody writes through the view).
@@ -15,7 +16,9 @@ ExecuTorch's XNNPACK partitioner takes ``view_copy``, but has no config for ``sq
 ``alias`` is what the export leaves of a slice over a whole dim (timm's Swin crops its windows
 back with ``x[:, :H, :W, :]`` in every block, twelve cuts in Swin-T); the partitioner has no
 config for ``alias_copy`` either, and the tensor it names is its input's, so its users take the
-input itself (a graph output gets a reshape: an output is never its input's tensor).
+input itself (a graph output gets a reshape: an output is never its input's tensor). So do the
+users of a ``cat`` of one tensor, a copy of it (torchvision's DenseNet starts each dense block
+with one; the partitioner takes a ``cat`` of two tensors or more).
 
 Left alone, with the reason: an output whose shape is unknown or symbolic.
 """
@@ -45,6 +48,15 @@ SHAPE_ONLY = frozenset(
 )
 
 
+def _same_tensor(node: fx.Node) -> bool:
+    """Whether ``node`` is an alias, or a cat of one tensor: its input's elements, as they are."""
+    if node.op != "call_function":
+        return False
+    if node.target is aten.cat.default:
+        return isinstance(node.args[0], list | tuple) and len(node.args[0]) == 1
+    return node.target is aten.alias.default
+
+
 def can_reshape(node: fx.Node) -> tuple[int, ...] | str | None:
     """The output shape to reshape to, a reason to stay, or None when ``node`` is no such view."""
     if node.op != "call_function":
@@ -67,17 +79,19 @@ def can_reshape(node: fx.Node) -> tuple[int, ...] | str | None:
 
 
 class ReshapeViews(FxPass):
-    """Write squeezes, unsqueezes, flattens and no-op expands as reshapes; drop aliases."""
+    """Write squeezes, unsqueezes, flattens and no-op expands as reshapes; drop aliases and cats
+    of one tensor."""
 
     optimization = MobileOptimizerType.RESHAPE_VIEWS
-    summary: ClassVar[str] = "squeeze, unsqueeze, flatten, no-op expand, alias -> reshape"
+    summary: ClassVar[str] = "squeeze, unsqueeze, flatten, no-op expand -> reshape; alias -> x"
     needs_shapes: ClassVar[bool] = True
 
     def call(self, gm: fx.GraphModule, ctx: FxContext) -> PassResult[fx.GraphModule]:
         rewrites, skips = 0, Skips()
         for node in list(gm.graph.nodes):
-            if node.target is aten.alias.default and all(u.op != "output" for u in node.users):
-                replace_node(node, node.args[0])
+            if _same_tensor(node) and all(u.op != "output" for u in node.users):
+                source = node.args[0]
+                replace_node(node, source[0] if node.target is aten.cat.default else source)
                 rewrites += 1
                 continue
             found = can_reshape(node)
