@@ -20,6 +20,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from fxmobile.errors import InvalidValueError, LoweringError
+from fxmobile.executorch.layout import contiguous
 
 _RUNNERS: weakref.WeakSet[ProgramRunner] = weakref.WeakSet()
 
@@ -80,7 +81,7 @@ class ProgramRunner:
 
     def __call__(self, *inputs: Any) -> Any:
         """Run the method on ``inputs`` (the model's own arguments)."""
-        flat = [x.contiguous() for x in program_inputs(inputs)]
+        flat = [contiguous(x) for x in program_inputs(inputs)]
         if self.method is None:  # released by set_threads: load again, on the new pool
             from executorch.runtime import Runtime
 
