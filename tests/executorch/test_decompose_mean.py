@@ -60,6 +60,10 @@ CASES = {
     "avg-pool-whole": (lambda x: F.avg_pool2d(x, (5, 4)), (2, 8, 5, 4), 0, 0, 1),
     # Hugging Face's EfficientNet head: a kernel past the 7 x 7 input, ceil_mode
     "avg-pool-ceil": (lambda x: F.avg_pool2d(x, 1280, ceil_mode=True), (1, 8, 7, 7), 0, 0, 1),
+    # Hugging Face's Swin head: AdaptiveAvgPool1d(1) of the transposed tokens
+    "pool1d-tokens": (lambda x: F.adaptive_avg_pool1d(x.transpose(1, 2), 1), (2, 7, 16), 1, 0, 0),
+    "pool1d-2": (lambda x: F.adaptive_avg_pool1d(x, 2), (2, 3, 8), 1, 0, 0),
+    "pool1d-unbatched": (lambda x: F.adaptive_avg_pool1d(x, 1), (3, 8), 1, 0, 0),
 }
 
 
@@ -72,6 +76,7 @@ def test_each_reduction_becomes_ops_xnnpack_takes_and_matches_float64(name: str)
     assert record.rewrites == 1
     assert count(gm, aten.sum.dim_IntList) == 0
     assert count(gm, aten.adaptive_avg_pool2d.default) == 0
+    assert count(gm, aten.adaptive_avg_pool1d.default) == 0
     assert count(gm, aten.avg_pool2d.default) == 0
     assert count(gm, aten.linear.default) == linears
     assert count(gm, aten.bmm.default) == bmms
@@ -82,7 +87,17 @@ def test_each_reduction_becomes_ops_xnnpack_takes_and_matches_float64(name: str)
 
 
 @pytest.mark.parametrize(
-    "name", ["spatial", "last", "tokens", "apart", "pool-2x3", "avg-pool-whole", "avg-pool-ceil"]
+    "name",
+    [
+        "spatial",
+        "last",
+        "tokens",
+        "apart",
+        "pool-2x3",
+        "avg-pool-whole",
+        "avg-pool-ceil",
+        "pool1d-tokens",
+    ],
 )
 def test_a_nan_or_infinity_reaches_the_outputs_it_reaches_in_eager(name: str) -> None:
     f, shape, *_ = CASES[name]
@@ -116,6 +131,16 @@ def test_own_flow_leaves_the_token_mean_outside_and_this_leaves_none() -> None:
     model, x = Head().eval(), torch.randn(2, 7, 8)
     before = program_of(exported(model, x), x)
     assert [p.op for p in before.portable_ops] == ["aten.mean.dim"]
+    gm, _ = run_pass(DecomposeMean(), exported(model, x), x)
+    after = program_of(gm, x)
+    assert (after.delegate_calls, after.portable_ops) == (1, ())
+
+
+def test_own_flow_leaves_hugging_face_swins_token_pool_outside_and_this_leaves_none() -> None:
+    model = Apply(lambda x: F.adaptive_avg_pool1d(x.transpose(1, 2), 1).flatten(1)).eval()
+    x = torch.randn(1, 49, 16)
+    before = program_of(exported(model, x), x)
+    assert before.portable_ops
     gm, _ = run_pass(DecomposeMean(), exported(model, x), x)
     after = program_of(gm, x)
     assert (after.delegate_calls, after.portable_ops) == (1, ())
@@ -162,6 +187,11 @@ def test_the_global_pool_xnnpack_takes_is_no_candidate(
             "5x4 -> 2x2: the output does not divide the input",
         ),
         (
+            lambda x: F.adaptive_avg_pool1d(x, 3),
+            torch.randn(1, 2, 8),
+            "8 -> 3: the output does not divide the input",
+        ),
+        (
             lambda x: x.mean(1),
             torch.randn(MAX_WEIGHTS + 1, 1, 2),
             f"a bmm weight of {MAX_WEIGHTS + 1} elements (over {MAX_WEIGHTS})",
@@ -172,7 +202,15 @@ def test_the_global_pool_xnnpack_takes_is_no_candidate(
             "a divisor_override: not the mean",
         ),
     ],
-    ids=["float64", "dtype", "empty", "not-dividing", "large-weight", "divisor-override"],
+    ids=[
+        "float64",
+        "dtype",
+        "empty",
+        "not-dividing",
+        "not-dividing-1d",
+        "large-weight",
+        "divisor-override",
+    ],
 )
 def test_what_it_cannot_rewrite_is_left_alone_with_the_reason(
     f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, reason: str

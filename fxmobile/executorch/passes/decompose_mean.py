@@ -16,6 +16,8 @@
 
     adaptive_avg_pool2d(x, [h, w])  H = h*kh, W = w*kw  ->  the mean of x viewed as
                                                             [N, C, h, kh, w, kw] over kh and kw
+    adaptive_avg_pool1d(x, [l])     L = l*k             ->  the mean of x viewed as
+                                                            [N, C, l, k] over k
     avg_pool2d(x, k)  one window, the whole input       ->  mean(x, [2, 3], keepdim)
         (output 1 x 1, k >= H and k >= W, padding 0: the window is clipped to the input and
         divides by its H * W elements, ceil_mode or not)
@@ -30,7 +32,9 @@ of a permuted tensor (ConvNeXt's, Swin's and EdgeNeXt's heads) becomes an ``as_s
 in ExecuTorch's own lowering; as ``mean.dim`` it is a global pool. So is an ``avg_pool2d``
 whose one window is the whole input: Hugging Face's EfficientNet head,
 ``AvgPool2d(1280, ceil_mode=True)`` over 7 x 7, which XNNPACK declines (ceil_mode) and the
-portable kernel took about 7.5 s a call for.
+portable kernel took about 7.5 s a call for. ``adaptive_avg_pool1d``, which export keeps (Hugging
+Face's Swin pools its tokens with ``AdaptiveAvgPool1d(1)`` of the transposed sequence), ExecuTorch
+makes an ``unsqueeze_copy``, a pool and a ``squeeze_copy``, none of them delegated.
 
 The forms are measured (ExecuTorch's runtime, one thread): a mean over the last dim of
 [1, 196, 384] as ``linear`` 0.12 ms, as ``mean.dim`` of a [rows, 1, 1, C] view 0.22 ms (the
@@ -73,6 +77,7 @@ REDUCTIONS = frozenset({aten.mean.dim, aten.sum.dim_IntList})
 WHOLE = frozenset({aten.mean.default, aten.sum.default})  # over every dim, to a 0-d tensor
 MEANS = frozenset({aten.mean.dim, aten.mean.default})
 ADAPTIVE = frozenset({aten.adaptive_avg_pool2d.default, aten._adaptive_avg_pool2d.default})
+ADAPTIVE_1D = aten.adaptive_avg_pool1d.default
 POOL = aten.avg_pool2d.default
 MAX_WEIGHTS = 1 << 16  # elements of a bmm's constant weight, [A, 1, D]
 
@@ -94,7 +99,11 @@ def can_decompose(node: fx.Node) -> Reduction | str | None:
     """The reduction ``node`` is, a reason it must stay, or None when it is none to rewrite."""
     target = node.target
     if node.op != "call_function" or not (
-        target in REDUCTIONS or target in WHOLE or target in ADAPTIVE or target is POOL
+        target in REDUCTIONS
+        or target in WHOLE
+        or target in ADAPTIVE
+        or target is ADAPTIVE_1D
+        or target is POOL
     ):
         return None
     source = node.args[0]
@@ -116,6 +125,8 @@ def can_decompose(node: fx.Node) -> Reduction | str | None:
         return "an empty input"
     if target in ADAPTIVE:
         return _adaptive(node, source, sizes, out)
+    if target is ADAPTIVE_1D:
+        return _adaptive_1d(node, source, sizes, out)
     if target is POOL:
         if argument(node, 6, "divisor_override") is not None:
             return "a divisor_override: not the mean"
@@ -164,6 +175,16 @@ def _adaptive(
         return Reduction(node, source, sizes, (2, 3), True, out, global_pool=True)
     view = (n, c, oh, h // oh, ow, w // ow)
     return _weights_fit(Reduction(node, source, view, (3, 5), True, out, global_pool=False))
+
+
+def _adaptive_1d(
+    node: fx.Node, source: fx.Node, sizes: tuple[int, ...], out: tuple[int, ...]
+) -> Reduction | str:
+    length, pooled = sizes[-1], out[-1]
+    if length % pooled:
+        return f"{length} -> {pooled}: the output does not divide the input"
+    view = (*sizes[:-1], pooled, length // pooled)
+    return _weights_fit(Reduction(node, source, view, (len(view) - 1,), True, out, False))
 
 
 def _weights_fit(found: Reduction) -> Reduction | str:
@@ -242,13 +263,13 @@ def _reduce(
 
 
 class DecomposeMean(FxPass):
-    """Write each float32 mean, sum and average pool to 1 x 1 XNNPACK declines (or gets wrong)
-    in ops it takes."""
+    """Write each float32 mean, sum, adaptive average pool and average pool to 1 x 1 XNNPACK
+    declines (or gets wrong) in ops it takes."""
 
     optimization = MobileOptimizerType.DECOMPOSE_MEAN
     summary: ClassVar[str] = (
-        "mean/sum over dims, adaptive_avg_pool2d, a whole-input avg_pool2d -> mean.dim over "
-        "[2, 3] kept, or matmuls by 1/D"
+        "mean/sum over dims, adaptive_avg_pool1d/2d, a whole-input avg_pool2d -> mean.dim "
+        "over [2, 3] kept, or matmuls by 1/D"
     )
     needs_shapes: ClassVar[bool] = True
 
