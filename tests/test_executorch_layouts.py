@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 import fxmobile
+from fxmobile.executorch.export import export_module
 from fxmobile.executorch.layout import (
     contiguous,
     contiguous_attributes,
@@ -128,3 +129,10 @@ def test_contiguous_attributes_replaces_tensors_and_keeps_ties_and_the_old_ones(
     assert old_weight.stride() == (1, 4)  # whoever else holds it sees it unchanged
     assert module.get_buffer("odd").stride() == (6, 2, 1)
     assert contiguous_attributes(module) == 0
+
+
+def test_export_module_exports_the_model_as_it_is_for_executorchs_own_flow() -> None:
+    """The zoo and the benchmark run ExecuTorch's own flow through ``export_module``: only
+    fxmobile's flow gives the tensors the one spelling."""
+    exported = export_module(BiasBuffer().eval(), (torch.randn(*WINDOWS),), "BiasBuffer")
+    assert exported.state_dict["bias"].stride() == (1, 1, 49, 1)

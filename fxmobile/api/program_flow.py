@@ -22,6 +22,7 @@ from fxmobile.capture.random_calls import refusing_rng_state_calls
 from fxmobile.errors import CaptureError, ExportError, RefusedError
 from fxmobile.executorch import require
 from fxmobile.executorch.export import THE_OTHER_ROUTE, aten_nodes, export_module, rewritable
+from fxmobile.executorch.layout import contiguous_attributes, contiguous_inputs
 from fxmobile.executorch.lower import Lowered, lower
 from fxmobile.executorch.passes.pipeline import export_pipeline
 from fxmobile.executorch.passes.stage import ExportStage
@@ -152,7 +153,9 @@ def _timed_export(
     step: str,
 ) -> ExportedProgram:
     start = time.perf_counter()
-    exported = export_module(graph, inputs, name)
+    # in the one layout a program has: graph is fxmobile's copy, its tensors replaced
+    contiguous_attributes(graph)
+    exported = export_module(graph, contiguous_inputs(inputs), name)
     seconds = time.perf_counter() - start
     report.passes.append(_step(step, nodes_before, aten_nodes(exported.graph), seconds))
     return exported

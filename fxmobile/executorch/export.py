@@ -17,7 +17,6 @@ from torch import fx, nn
 from torch.export import ExportedProgram
 
 from fxmobile.errors import ExportError, RefusedError
-from fxmobile.executorch.layout import contiguous_attributes, contiguous_inputs
 
 # What to do instead, when torch.export cannot take a model: the lite-interpreter file is made
 # by routes that take models export cannot (torch.jit.trace, torch.jit.script).
@@ -29,12 +28,7 @@ THE_OTHER_ROUTE = (
 
 def export_module(module: nn.Module, inputs: tuple[Any, ...], name: str) -> ExportedProgram:
     """``torch.export.export(module, inputs)``, static shapes; ``ExportError`` with export's
-    reason (its first line, and the user's line when export names one) otherwise.
-
-    ``module`` is fxmobile's own copy: its tensors and ``inputs`` are exported in the one layout
-    a program has (``layout.contiguous``), the tensors replaced, the inputs copied."""
-    contiguous_attributes(module)
-    inputs = contiguous_inputs(inputs)
+    reason (its first line, and the user's line when export names one) otherwise."""
     try:
         with warnings.catch_warnings():
             # export warns about every attribute it treats as a constant: fxmobile's folds make

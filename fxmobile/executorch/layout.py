@@ -16,7 +16,8 @@ many spellings, and ExecuTorch reads some of them as another layout:
 ``contiguous`` spells every tensor the one way (the strides ``torch.empty`` gives its shape).
 It moves elements only where the strides order them otherwise; the values at each index are
 the same, so the program computes what the module does. ``contiguous_attributes`` does so for
-every tensor a module holds before it is exported, and the runner for every input.
+every tensor a module holds before fxmobile exports it (ExecuTorch's own flow, as the zoo and
+the benchmark run it, exports the model as it is), and the runner for every input.
 """
 
 from __future__ import annotations
