@@ -97,3 +97,48 @@ def test_a_cat_of_one_tensor_no_longer_cuts_the_delegate() -> None:
     assert_equivalent(model, gm, x)
     after = program_of(gm, x)
     assert (after.delegate_calls, after.portable_ops) == (1, ())
+
+
+class NormThenScale(torch.nn.Module):
+    """A LayerNorm over the last dim, then arithmetic: decompose_layer_norm reshapes its input
+    to rows, its weight and bias to [M] and its result back, none of which changes a shape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x) * 2
+
+
+@pytest.mark.parametrize(("last", "kept"), [("scaled", 0), ("output", 1)])
+def test_reshapes_to_the_inputs_own_shape_are_dropped_unless_an_output(
+    last: str, kept: int
+) -> None:
+    """The norm's last reshape, when it is the graph's output, stays: an output is never its
+    input's tensor."""
+    from fxmobile.executorch.passes.decompose_layer_norm import DecomposeLayerNorm
+
+    torch.manual_seed(0)
+    scaled = NormThenScale().eval()
+    torch.nn.init.normal_(scaled.norm.weight)
+    torch.nn.init.normal_(scaled.norm.bias)
+    model = scaled if last == "scaled" else scaled.norm
+    x = torch.randn(2, 5, 8)
+    gm, _ = run_pass(DecomposeLayerNorm(), exported(model, x), x)
+    assert count(gm, aten.reshape.default) == 4
+    gm, record = run_pass(ReshapeViews(), gm, x)
+    assert record.rewrites == 4 - kept
+    assert count(gm, aten.reshape.default) == kept
+    assert_equivalent(model, gm, x)
+
+
+def test_a_reshape_that_changes_the_shape_stays() -> None:
+    model = Apply(lambda x: (x.reshape(4, 6) * 2).reshape(2, 3, 4)).eval()
+    x = torch.randn(2, 3, 4)
+    gm = exported(model, x)
+    before = count(gm, aten.reshape.default) + count(gm, aten.view.default)
+    gm, record = run_pass(ReshapeViews(), gm, x)
+    assert record.rewrites == 0
+    assert count(gm, aten.reshape.default) + count(gm, aten.view.default) == before == 2
+    assert_equivalent(model, gm, x)

@@ -7,6 +7,7 @@
     expand(x, sizes)       -> reshape(x, out.shape)      (sizes that add no element: a no-op)
     alias(x)               -> x                          (a reshape when it is an output)
     cat([x], d)            -> x                          (likewise)
+    reshape(x, x.shape)    -> x                          (likewise)
 
 Each keeps the elements in order and changes only the sizes, so a reshape to the output's
 static shape computes the same tensor (the graph is functional: nobody writes through the view).
@@ -18,7 +19,11 @@ back with ``x[:, :H, :W, :]`` in every block, twelve cuts in Swin-T); the partit
 config for ``alias_copy`` either, and the tensor it names is its input's, so its users take the
 input itself (a graph output gets a reshape: an output is never its input's tensor). So do the
 users of a ``cat`` of one tensor, a copy of it (torchvision's DenseNet starts each dense block
-with one; the partitioner takes a ``cat`` of two tensors or more).
+with one; the partitioner takes a ``cat`` of two tensors or more). And so do the users of a
+reshape to its input's own shape, which is its input's tensor: the passes before this one write
+the general form (``decompose_layer_norm`` reshapes to rows and back, and its weight to [M]),
+and where it changes nothing it is a node for ExecuTorch's lowering to trace through every one
+of its passes (92 of the 460 ops of torchvision's ConvNeXt-T).
 
 Left alone, with the reason: an output whose shape is unknown or symbolic.
 """
@@ -48,13 +53,24 @@ SHAPE_ONLY = frozenset(
 )
 
 
-def _same_tensor(node: fx.Node) -> bool:
-    """Whether ``node`` is an alias, or a cat of one tensor: its input's elements, as they are."""
+def _same_tensor(node: fx.Node) -> fx.Node | None:
+    """The input ``node`` is as it is: that of an alias, of a cat of one tensor or of a reshape
+    to its own shape; None for any other node."""
     if node.op != "call_function":
-        return False
+        return None
+    source = node.args[0] if node.args else None
     if node.target is aten.cat.default:
-        return isinstance(node.args[0], list | tuple) and len(node.args[0]) == 1
-    return node.target is aten.alias.default
+        if isinstance(source, list | tuple) and len(source) == 1:
+            return source[0] if isinstance(source[0], fx.Node) else None
+        return None
+    if not isinstance(source, fx.Node):
+        return None
+    if node.target is aten.alias.default:
+        return source
+    if node.target is aten.reshape.default:
+        sizes = shape(node)
+        return source if sizes is not None and sizes == shape(source) else None
+    return None
 
 
 def can_reshape(node: fx.Node) -> tuple[int, ...] | str | None:
@@ -79,19 +95,21 @@ def can_reshape(node: fx.Node) -> tuple[int, ...] | str | None:
 
 
 class ReshapeViews(FxPass):
-    """Write squeezes, unsqueezes, flattens and no-op expands as reshapes; drop aliases and cats
-    of one tensor."""
+    """Write squeezes, unsqueezes, flattens and no-op expands as reshapes; drop aliases, cats of
+    one tensor and reshapes to the input's own shape."""
 
     optimization = MobileOptimizerType.RESHAPE_VIEWS
-    summary: ClassVar[str] = "squeeze, unsqueeze, flatten, no-op expand -> reshape; alias -> x"
+    summary: ClassVar[str] = (
+        "squeeze, unsqueeze, flatten, no-op expand -> reshape; alias, reshape to x's shape -> x"
+    )
     needs_shapes: ClassVar[bool] = True
 
     def call(self, gm: fx.GraphModule, ctx: FxContext) -> PassResult[fx.GraphModule]:
         rewrites, skips = 0, Skips()
         for node in list(gm.graph.nodes):
-            if _same_tensor(node) and all(u.op != "output" for u in node.users):
-                source = node.args[0]
-                replace_node(node, source[0] if node.target is aten.cat.default else source)
+            same = _same_tensor(node)
+            if same is not None and all(u.op != "output" for u in node.users):
+                replace_node(node, same)
                 rewrites += 1
                 continue
             found = can_reshape(node)
