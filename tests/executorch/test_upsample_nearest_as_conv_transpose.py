@@ -1,5 +1,6 @@
-"""``upsample_nearest_as_conv_transpose``: nearest upsampling by whole factors as a depthwise
-transposed convolution with a ones weight."""
+"""``upsample_nearest_as_conv_transpose``: nearest upsampling as a depthwise transposed
+convolution with a ones weight by whole factors, and a strided slice of it where the output is
+no whole multiple of the input."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from torch import fx, nn
 
 from fxmobile.executorch.export import export_module
 from fxmobile.executorch.lower import lower
+from fxmobile.executorch.passes.strided_slices import StridedSlices
 from fxmobile.executorch.passes.upsample_nearest_as_conv_transpose import (
+    MAX_STEP,
     UpsampleNearestAsConvTranspose,
     can_convolve,
 )
@@ -105,11 +108,76 @@ def test_own_flow_leaves_the_upsampling_outside_and_this_program_matches_eager()
     assert torch.allclose(got[finite], expected[finite], atol=1e-5)
 
 
+class Gate(nn.Module):
+    """timm's GhostNetV2 gate in small: pool by 2, a conv, upsample back to the map's size
+    (7 -> 3 -> 7), multiply."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = torch.sigmoid(self.conv(F.avg_pool2d(x, 2)))
+        return x * F.interpolate(gate, size=x.shape[-2:], mode="nearest")
+
+
+@pytest.mark.parametrize(
+    ("options", "shape", "slices"),
+    [
+        ({"size": (7, 7)}, (1, 3, 3, 3), 2),  # GhostNetV2: steps 3 of an upsampling by 7
+        ({"scale_factor": 1.5}, (1, 2, 4, 4), 2),  # 4 -> 6: steps 2 of an upsampling by 3
+        ({"size": (9, 8)}, (1, 2, 4, 4), 1),  # steps 4 of one by 9 in H, a factor 2 in W
+        ({"size": (7, 10)}, (2, 3, 3, 5), 1),  # steps 3 in H, a factor 2 in W
+    ],
+    ids=["3-to-7", "x1.5", "size-9x8", "mixed"],
+)
+def test_other_factors_become_a_strided_slice_of_one_by_whole_factors(
+    options: dict[str, Any], shape: tuple[int, ...], slices: int
+) -> None:
+    torch.manual_seed(0)
+    model, x = Upsample(**options).eval(), torch.randn(shape)
+    gm, record = run_pass(UpsampleNearestAsConvTranspose(), exported(model, x), x)
+    assert record.rewrites == 1
+    assert count(gm, aten.upsample_nearest2d.vec) == 0
+    assert count(gm, aten.conv_transpose2d.input) == 1
+    strided = [n for n in gm.graph.nodes if n.target is aten.slice.Tensor and n.args[4] > 1]
+    assert len(strided) == slices
+    with torch.no_grad():
+        assert torch.equal(gm(x), model(x))
+
+
+def test_ghostnets_gate_is_one_delegate_call_and_copies_nan_and_infinities() -> None:
+    """With ``strided_slices`` after it, as the pipeline runs them: ExecuTorch's own flow leaves
+    the upsampling on a portable kernel between two delegate calls (timm's ghostnetv2_100 had
+    four: 5 delegate calls). The NaN and the infinity sit in the row and the column the pool
+    drops: XNNPACK's average pool turns a NaN into -inf (docs/pages/limits.md)."""
+    torch.manual_seed(0)
+    model, x = Gate().eval(), torch.randn(1, 4, 7, 7)
+    x[0, 1, 6, 3], x[0, 2, 2, 6] = float("nan"), float("inf")
+    before, _ = lowered(exported(model, x), x)
+    assert "aten.upsample_nearest2d.vec" in {p.op for p in before.portable_ops}
+    gm, _ = run_pass(UpsampleNearestAsConvTranspose(), exported(model, x), x)
+    gm, record = run_pass(StridedSlices(), gm, x)
+    assert record.rewrites == 2
+    after, run = lowered(gm, x)
+    assert (after.delegate_calls, after.portable_ops) == (1, ())
+    with torch.no_grad():
+        expected, got = model(x), run(x)
+    assert expected.isnan().any()
+    assert_same_nonfinite(expected, got)
+    finite = expected.isfinite()
+    assert torch.allclose(got[finite], expected[finite], atol=1e-5)
+
+
 @pytest.mark.parametrize(
     ("options", "shape", "reason"),
     [
-        ({"scale_factor": 1.5}, (1, 2, 4, 4), "4x4 -> 6x6 is not by whole factors"),
-        ({"size": (9, 8)}, (1, 2, 4, 4), "4x4 -> 9x8 is not by whole factors"),
+        (
+            {"size": (7, 7)},
+            (1, 2, 5, 5),
+            f"5x5 -> 7x7: a slice of steps 5x5 of an upsampling by 7x7 (a step over {MAX_STEP} "
+            f"makes more than it saves)",
+        ),
         (
             # output 12x12, but ATen maps through float(1 / 3.0000001), which rounds down:
             # output row 3 reads input row 0
@@ -118,7 +186,7 @@ def test_own_flow_leaves_the_upsampling_outside_and_this_program_matches_eager()
             "the op's scale does not copy whole blocks (ATen rounds its source index)",
         ),
     ],
-    ids=["x1.5", "size-9", "rounded-scale"],
+    ids=["step-5", "rounded-scale"],
 )
 def test_what_is_not_a_whole_block_copy_is_left_alone_with_the_reason(
     options: dict[str, Any], shape: tuple[int, ...], reason: str
