@@ -117,3 +117,21 @@ def test_regression_a_reshape_of_a_split_part_still_runs_without_its_clone() -> 
     gm, record = run_pass(RemoveLayoutCopies(), exported(model, x), x)
     assert record.rewrites == 1
     assert torch.equal(gm(x), model(x))
+
+
+@pytest.mark.slow
+def test_regression_timm_mobilenetv4_hybrid_large_lowers_with_its_attention_copies() -> None:
+    """Its attention, which decompose_sdpa leaves, is transposed and reshaped; export copies it
+    to contiguous first. With that copy removed, ExecuTorch's lowering decomposed the attention
+    into another layout and made the reshape a view of strides it cannot take ("Cannot view a
+    tensor with shape [1, 576, 8, 48]"), where ExecuTorch's own flow goes through (33 delegate
+    calls, 144 portable ops)."""
+    timm = pytest.importorskip("timm")
+    import fxmobile
+
+    model = timm.create_model("mobilenetv4_hybrid_large").eval()
+    x = torch.randn(1, 3, 384, 384)
+    result = fxmobile.optimize(model, example_inputs=x, target_runtime="executorch")
+    program = result.report.program
+    assert program is not None and result.report.numerics_passed
+    assert program.delegate_calls < 33 and program.portable_count < 144

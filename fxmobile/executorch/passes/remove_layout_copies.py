@@ -21,7 +21,10 @@ tensor in a memory format other than the contiguous one (ExecuTorch's program re
 in the layout the graph gives them, channels-last included, and an app may read the buffer
 itself: the layout of an output is part of what the program hands over, and a layout copy
 upstream may be what sets it; the gate, which compares values, would not see the difference),
-and a dtype change whose input dtype is unknown.
+a dtype change whose input dtype is unknown, and a copy of a transposed attention
+(``scaled_dot_product_attention`` that ``decompose_sdpa`` left) that a reshape reads: the
+lowering decomposes the attention into another layout and would make the reshape a view of
+strides it cannot take.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any, ClassVar
 import torch
 from torch import fx
 
-from fxmobile.executorch.passes.aten import aten, call, dtype, replace_with
+from fxmobile.executorch.passes.aten import aten, call, contiguous, dtype, replace_with, shape
 from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.stage import FxContext, FxPass
@@ -62,6 +65,12 @@ def can_remove(node: fx.Node) -> LayoutCopy | str | None:
     assert isinstance(source, fx.Node)
     if any(user.op == "output" for user in node.users):
         return "the graph returns it: the program's output keeps the layout eager gives it"
+    if _attention_layout(source) and any(_reshapes(user) for user in node.users):
+        return (
+            "a reshape reads a view of an attention it copies: ExecuTorch's lowering decomposes "
+            "the attention into another layout, and the reshape left without the copy a view "
+            "of strides it cannot take"
+        )
     if node.target is aten.clone.default:
         return LayoutCopy(node, source, None)
     kwargs = {k: v for k, v in node.kwargs.items() if k != "memory_format"}
@@ -74,6 +83,32 @@ def can_remove(node: fx.Node) -> LayoutCopy | str | None:
     if set(kwargs) <= {"layout", "device", "non_blocking", "pin_memory"} and _same_place(kwargs):
         return LayoutCopy(node, source, None)
     return LayoutCopy(node, source, kwargs)
+
+
+def _attention_layout(source: fx.Node) -> bool:
+    """Whether ``source`` is a non-contiguous view (through transposes and permutes) of a
+    ``scaled_dot_product_attention`` left in the graph: its strides at export are not those
+    the lowering's decomposition of the attention gives (timm's mobilenetv4_hybrid_large)."""
+    node = source
+    while node.op == "call_function" and node.target in _LAYOUT_VIEWS:
+        below = node.args[0]
+        assert isinstance(below, fx.Node)
+        node = below
+    return (
+        node is not source
+        and node.target is aten.scaled_dot_product_attention.default
+        and (contiguous(source) is False)
+    )
+
+
+_LAYOUT_VIEWS = frozenset({aten.transpose.int, aten.permute.default})
+
+
+def _reshapes(user: fx.Node) -> bool:
+    """Whether ``user`` is a reshape to another shape than its input's."""
+    if user.op != "call_function" or user.target is not aten.reshape.default:
+        return False
+    return shape(user) != shape(user.args[0])
 
 
 def _same_place(kwargs: dict[str, Any]) -> bool:
