@@ -75,10 +75,8 @@ def contiguous_attributes(module: nn.Module) -> int:
 
 
 def _restrided(value: torch.Tensor) -> torch.Tensor:
-    if value.layout is not torch.strided or value.stride() == contiguous_strides(value.shape):
-        return value
     with torch.no_grad():
-        data = value.clone(memory_format=torch.contiguous_format)
-    if isinstance(value, nn.Parameter):
+        data = contiguous(value)
+    if data is not value and isinstance(value, nn.Parameter):
         return nn.Parameter(data, requires_grad=value.requires_grad)
     return data
