@@ -1,6 +1,6 @@
 """What the tests of the export stage's passes share: a model of one function, its exported
 graph as the passes see it, one pass run through the stage's manager, op counts, and the
-program it lowers to."""
+program it lowers to (its facts, and its outputs on ExecuTorch's runtime)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from torch import fx, nn
 from fxmobile.executorch.export import export_module, rewritable
 from fxmobile.executorch.lower import lower
 from fxmobile.executorch.passes.stage import ExportStage
+from fxmobile.executorch.runtime import ProgramRunner
 from fxmobile.infra import PassManager
 from fxmobile.passes.stage import FxContext, FxPass
 from fxmobile.report import PassRecord, ProgramFacts
@@ -50,6 +51,13 @@ def count(gm: fx.GraphModule, target: Any) -> int:
 def program_of(gm: fx.GraphModule, *inputs: Any) -> ProgramFacts:
     """What ExecuTorch's XNNPACK lowering makes of ``gm``: delegates and portable ops."""
     return lower(export_module(gm, inputs, "rewritten"), "rewritten").facts
+
+
+def program_outputs(gm: fx.GraphModule, *inputs: Any) -> Any:
+    """``gm`` lowered for XNNPACK and run on ``inputs`` by ExecuTorch's runtime."""
+    program = export_module(gm, inputs, "rewritten")
+    runner = ProgramRunner(lower(program, "rewritten").buffer, program.call_spec.out_spec)
+    return runner(*inputs)
 
 
 def assert_same_nonfinite(expected: torch.Tensor, got: torch.Tensor) -> None:

@@ -1,4 +1,5 @@
-"""``softmax_over_last_dim``: a softmax over another dim, moved to the last between permutes."""
+"""``softmax_over_last_dim``: a softmax over another dim, moved to the last between permutes,
+and one the delegate would hold channels-last, over the rows of a reshape."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 from torch import fx, nn
 
-from fxmobile.executorch.passes.softmax_over_last_dim import SoftmaxOverLastDim, can_move
+from fxmobile.executorch.passes.softmax_over_last_dim import SoftmaxOverLastDim, softmax
 from tests.export_helpers import (
     Apply,
     assert_same_nonfinite,
@@ -16,6 +17,7 @@ from tests.export_helpers import (
     count,
     exported,
     program_of,
+    program_outputs,
     run_pass,
 )
 from tests.helpers import assert_equivalent
@@ -74,7 +76,7 @@ def test_the_private_softmax_moves_too_and_the_last_dim_is_no_candidate() -> Non
     gm, record = run_pass(SoftmaxOverLastDim(), gm, t)
     assert record.rewrites == 1
     assert torch.allclose(gm(t), t.softmax(1).softmax(2))
-    assert can_move(last) is None  # over the last dim already
+    assert softmax(last, set()) is None  # over the last dim already, of a row-major tensor
 
 
 def test_yolo_dfl_lowers_to_one_delegate_call_without_portable_ops() -> None:
@@ -84,3 +86,82 @@ def test_yolo_dfl_lowers_to_one_delegate_call_without_portable_ops() -> None:
     gm, _ = run_pass(SoftmaxOverLastDim(), exported(model, x), x)
     after = program_of(gm, x)
     assert (after.delegate_calls, after.portable_ops) == (1, ())
+
+
+class ConvSoftmax(nn.Module):
+    """A 1x1 conv, then a softmax of (a part of) its output: MobileViT-v2's linear attention
+    splits its query off a conv's channels and normalizes it over the pixels of a row."""
+
+    def __init__(self, then: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.conv, self.then = nn.Conv2d(8, 5, 1), then
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.then(self.conv(x))
+
+
+AFTER_A_CONV: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "last-dim": lambda y: y.softmax(-1),
+    "query-slice": lambda y: y[:, :1].softmax(-1) * 3.0,
+    "after-relu": lambda y: (y.relu() + 1.0).softmax(3),
+    "channels": lambda y: y.softmax(1),
+    "same-shape-reshape": lambda y: y.reshape(y.shape).softmax(-1),
+}
+
+
+@pytest.mark.parametrize("case", list(AFTER_A_CONV))
+def test_a_softmax_after_a_conv_runs_over_rows_and_its_program_matches(case: str) -> None:
+    torch.manual_seed(0)
+    model, x = ConvSoftmax(AFTER_A_CONV[case]).eval(), torch.randn(1, 8, 4, 6) * 3
+    gm, record = run_pass(SoftmaxOverLastDim(), exported(model, x), x)
+    assert record.rewrites == 1
+    rows = next(n for n in gm.graph.nodes if n.target is aten.softmax.int).args[0]
+    assert rows.target is aten.reshape.default and len(rows.args[1]) == 2
+    assert_equivalent(model, gm, x)
+    with torch.no_grad():
+        expected = model(x)
+    assert torch.allclose(program_outputs(gm, x), expected, atol=1e-6)
+    assert program_of(gm, x).portable_ops == ()
+
+
+def test_executorch_sums_channels_for_a_softmax_over_rows_after_a_conv() -> None:
+    """The ExecuTorch 1.5.1 bug the rows rewrite steps around: its delegate holds the conv's
+    output channels-last and its softmax normalizes the memory's last dim, the channels."""
+    torch.manual_seed(0)
+    model, x = ConvSoftmax(lambda y: y[:, :1].softmax(-1)).eval(), torch.randn(1, 8, 4, 6)
+    assert torch.equal(program_outputs(exported(model, x), x), torch.ones(1, 1, 4, 6))
+
+
+LEFT_ALONE: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], tuple[int, ...]]] = {
+    "input-itself": (lambda x: x.softmax(-1), (1, 8, 4, 6)),
+    "elementwise-on-input": (lambda x: (x * 2.0).sigmoid().softmax(-1), (1, 8, 4, 6)),
+    "conv-reshaped": (
+        lambda x: nn.functional.conv2d(x, torch.ones(2, 8, 1, 1)).reshape(1, 2, 6, 4).softmax(-1),
+        (1, 8, 4, 6),
+    ),
+    "rank-3-after-conv1d": (
+        lambda x: nn.functional.conv1d(x, torch.ones(2, 8, 1)).softmax(-1),
+        (1, 8, 6),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(LEFT_ALONE))
+def test_a_softmax_over_the_last_dim_of_a_row_major_tensor_is_left_alone(case: str) -> None:
+    fn, shape = LEFT_ALONE[case]
+    model, x = Apply(fn).eval(), torch.randn(shape)
+    gm, record = run_pass(SoftmaxOverLastDim(), exported(model, x), x)
+    assert record.rewrites == 0
+    assert count(gm, aten.reshape.default) == count(exported(model, x), aten.reshape.default)
+
+
+def test_a_nan_or_infinity_after_a_conv_spoils_its_own_row_as_in_eager() -> None:
+    torch.manual_seed(0)
+    model, x = ConvSoftmax(lambda y: y.softmax(-1)).eval(), torch.randn(1, 8, 4, 6)
+    x[0, 1, 2, 3], x[0, 0, 0, 0], x[0, 4, 1, 2] = float("nan"), float("inf"), float("-inf")
+    gm, _ = run_pass(SoftmaxOverLastDim(), exported(model, x), x)
+    with torch.no_grad():
+        expected, got = model(x), gm(x)
+    assert_same_nonfinite(expected, got)
+    finite = expected.isfinite()
+    assert torch.allclose(got[finite], expected[finite], atol=1e-6)

@@ -5,7 +5,8 @@ buffers, so the attention after them has a constant mask. Then attention: its de
 and hand-written attention's matmuls after it, make the batched matmuls, reshapes and constants
 the later passes tidy. Then what computes numbers in ops XNNPACK declines or gets wrong:
 LayerNorm, GroupNorm, a BatchNorm no conv takes, 2-norms (their sum of squares is a sum for the
-next pass), means and sums, the tanh GELU, a softmax over an inner dim, small integer powers,
+next pass), means and sums, the tanh GELU, a softmax over an inner dim or after a conv, small
+integer powers,
 nearest upsampling, an average pooling that counts its padding. Then the ops that only move
 data: rolls, reflect and replicate pads, strided slices, selections, broadcasts, layout copies
 and shape-only views (attention's unbind of q, k and v among them; a no-op expand is a view, a
@@ -15,8 +16,9 @@ run.
 No pass here makes a candidate for an earlier one: none emits a subgraph of constants only,
 attention, a norm, a reduction XNNPACK declines, a GELU, a softmax, a power, an upsampling, a
 pooling that counts its padding, a roll, a pad other than a constant one, a strided slice, a
-selection, an expand or a layout copy. So one run in this order leaves nothing the pipeline
-would still rewrite.
+selection, an expand or a layout copy; the later passes' convolutions (of an upsampling, an
+average pooling) stand where an op stood that the softmax pass already counted as channels-last.
+So one run in this order leaves nothing the pipeline would still rewrite.
 """
 
 from __future__ import annotations
