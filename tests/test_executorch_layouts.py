@@ -15,7 +15,7 @@ from torch import nn
 import fxmobile
 from fxmobile.executorch.export import export_module
 from fxmobile.executorch.layout import (
-    contiguous,
+    canonical,
     contiguous_attributes,
     contiguous_inputs,
     contiguous_strides,
@@ -105,14 +105,14 @@ def test_the_callers_tensors_keep_their_strides() -> None:
     assert module.bias is bias and bias.stride() == (1, 1, 49, 1)
 
 
-def test_contiguous_copies_only_tensors_spelled_another_way() -> None:
+def test_canonical_copies_only_tensors_spelled_another_way() -> None:
     plain = torch.randn(2, 3)
-    assert contiguous(plain) is plain
+    assert canonical(plain) is plain
     odd = odd_strides(1, 4, 5)
-    fixed = contiguous(odd)
+    fixed = canonical(odd)
     assert fixed.stride() == (20, 5, 1) and torch.equal(fixed, odd)
     channels_last = torch.randn(1, 3, 4, 4).contiguous(memory_format=torch.channels_last)
-    assert contiguous(channels_last).stride() == (48, 16, 4, 1)
+    assert canonical(channels_last).stride() == (48, 16, 4, 1)
     x, n = contiguous_inputs(({"a": odd}, 3))
     assert x["a"].stride() == (20, 5, 1) and n == 3 and odd.stride() != (20, 5, 1)
 

@@ -13,7 +13,7 @@ many spellings, and ExecuTorch reads some of them as another layout:
   that dim order: it fails on contiguous inputs, or reads them as channels-last and computes
   something else.
 
-``contiguous`` spells every tensor the one way (the strides ``torch.empty`` gives its shape).
+``canonical`` spells every tensor the one way (the strides ``torch.empty`` gives its shape).
 It moves elements only where the strides order them otherwise; the values at each index are
 the same, so the program computes what the module does. ``contiguous_attributes`` does so for
 every tensor a module holds before fxmobile exports it (ExecuTorch's own flow, as the zoo and
@@ -39,7 +39,7 @@ def contiguous_strides(shape: torch.Size | tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def contiguous(tensor: torch.Tensor) -> torch.Tensor:
+def canonical(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` itself when its strides are ``contiguous_strides`` of its shape, else a copy
     with them (a dense tensor only; a sparse or nested one is returned as it is)."""
     if tensor.layout is not torch.strided or tensor.stride() == contiguous_strides(tensor.shape):
@@ -48,9 +48,9 @@ def contiguous(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def contiguous_inputs(inputs: Any) -> Any:
-    """``inputs`` (any structure of tensors and other values) with each tensor ``contiguous``;
+    """``inputs`` (any structure of tensors and other values) with each tensor ``canonical``;
     the tensors given are left as they are."""
-    return pytree.tree_map(lambda v: contiguous(v) if isinstance(v, torch.Tensor) else v, inputs)
+    return pytree.tree_map(lambda v: canonical(v) if isinstance(v, torch.Tensor) else v, inputs)
 
 
 def contiguous_attributes(module: nn.Module) -> int:
@@ -76,7 +76,7 @@ def contiguous_attributes(module: nn.Module) -> int:
 
 def _restrided(value: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
-        data = contiguous(value)
+        data = canonical(value)
     if data is not value and isinstance(value, nn.Parameter):
         return nn.Parameter(data, requires_grad=value.requires_grad)
     return data

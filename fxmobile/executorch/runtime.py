@@ -20,7 +20,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from fxmobile.errors import InvalidValueError, LoweringError
-from fxmobile.executorch.layout import contiguous
+from fxmobile.executorch.layout import canonical
 
 _RUNNERS: weakref.WeakSet[ProgramRunner] = weakref.WeakSet()
 
@@ -81,7 +81,7 @@ class ProgramRunner:
 
     def __call__(self, *inputs: Any) -> Any:
         """Run the method on ``inputs`` (the model's own arguments)."""
-        flat = [contiguous(x) for x in program_inputs(inputs)]
+        flat = [canonical(x) for x in program_inputs(inputs)]
         if self.method is None:  # released by set_threads: load again, on the new pool
             from executorch.runtime import Runtime
 
