@@ -41,6 +41,12 @@ def qkv(*shape: int, source: int | None = None) -> tuple[torch.Tensor, ...]:
     return torch.randn(shape), torch.randn(keys), torch.randn(keys)
 
 
+def grouped(queries: tuple[int, ...], keys: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+    """q of shape ``queries``; k and v of shape ``keys`` (fewer heads, or heads of 1)."""
+    torch.manual_seed(0)
+    return torch.randn(queries), torch.randn(keys), torch.randn(keys)
+
+
 def causal_bool(length: int, source: int) -> torch.Tensor:
     return torch.ones(length, source, dtype=torch.bool).tril()
 
@@ -54,8 +60,25 @@ def causal_bool(length: int, source: int) -> torch.Tensor:
         (Attention(is_causal=True), qkv(1, 2, 6, 4)),
         (Attention(mask=causal_bool(6, 6)), qkv(1, 2, 6, 4)),
         (Attention(mask=torch.randn(2, 1, 6, 6)), qkv(2, 3, 6, 4)),  # float, broadcast heads
+        (Attention(), grouped((2, 4, 5, 8), (2, 1, 7, 8))),  # multi-query: one key head
+        (Attention(mask=torch.randn(2, 4, 5, 7)), grouped((2, 4, 5, 8), (2, 1, 7, 8))),
+        (Attention(), grouped((2, 3, 5, 8), (1, 1, 7, 8))),  # keys shared by batch and heads
+        (Attention(enable_gqa=True), grouped((1, 6, 5, 8), (1, 2, 5, 8))),
+        (Attention(enable_gqa=True, is_causal=True), grouped((2, 4, 5, 8), (2, 2, 5, 8))),
     ],
-    ids=["plain", "three-d", "scale", "causal", "bool-mask", "float-mask"],
+    ids=[
+        "plain",
+        "three-d",
+        "scale",
+        "causal",
+        "bool-mask",
+        "float-mask",
+        "multi-query",
+        "multi-query-mask",
+        "keys-for-all",
+        "grouped-query",
+        "grouped-query-causal",
+    ],
 )
 def test_attention_becomes_two_bmms_and_a_softmax_and_matches_float64(
     model: nn.Module, inputs: tuple[torch.Tensor, ...]
@@ -79,6 +102,15 @@ def test_own_flow_leaves_six_kinds_of_op_outside_and_this_leaves_none() -> None:
     assert (after.delegate_calls, after.portable_ops) == (1, ())
 
 
+def test_multi_query_attention_lowers_to_one_delegate_call() -> None:
+    """MobileNetV4's hybrid blocks: 8 query heads, one key head. ExecuTorch's own flow leaves
+    the attention's decomposition on portable kernels."""
+    model, inputs = Attention(), grouped((1, 8, 16, 8), (1, 1, 4, 8))
+    gm, _ = run_pass(DecomposeSdpa(), exported(model, *inputs), *inputs)
+    after = program_of(gm, *inputs)
+    assert (after.delegate_calls, after.portable_ops) == (1, ())
+
+
 @pytest.mark.parametrize(
     ("model", "inputs", "reason"),
     [
@@ -90,12 +122,17 @@ def test_own_flow_leaves_six_kinds_of_op_outside_and_this_leaves_none() -> None:
         ),
         (Attention(dropout_p=0.5), qkv(1, 2, 4, 4), "dropout_p is not 0"),
         (
-            Attention(enable_gqa=True),
-            (torch.randn(1, 4, 3, 8), torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)),
-            "grouped-query attention",
+            Attention(),
+            grouped((1, 1, 3, 8), (1, 4, 3, 8)),  # the queries broadcast, not the keys
+            "batch dims differ other than by k's heads of 1",
+        ),
+        (
+            Attention(),
+            grouped((2, 4, 3, 8), (1, 4, 3, 8)),  # a key dim of 1 before a shared one
+            "batch dims differ other than by k's heads of 1",
         ),
     ],
-    ids=["run-time-mask", "fully-masked-row", "dropout", "gqa"],
+    ids=["run-time-mask", "fully-masked-row", "dropout", "queries-broadcast", "keys-1-then-4"],
 )
 def test_what_it_cannot_prove_is_left_alone_with_the_reason(
     model: nn.Module, inputs: tuple[torch.Tensor, ...], reason: str

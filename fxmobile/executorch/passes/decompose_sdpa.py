@@ -1,13 +1,19 @@
 """Scaled dot-product attention as batched matmuls and a softmax, masks as constants to add.
 
     o = scaled_dot_product_attention(q, k, v, attn_mask, is_causal, scale)
-        q: [*B, L, E]   k: [*B, S, E]   v: [*B, S, Ev]   (the same batch dims B)
+        q: [*B, L, E]   k: [*K, S, E]   v: [*K, S, Ev]
 
-    ->  q3 = reshape(q * s, [b, L, E])         s = scale, or 1/sqrt(E); b = prod(B)
+    ->  q3 = reshape(q * s, [b, g·L, E])       s = scale, or 1/sqrt(E); b = prod(K)
         k3 = permute(reshape(k, [b, S, E]), [0, 2, 1])
-        a  = bmm(q3, k3)                        [b, L, S]
-        a  = reshape(reshape(a, [*B, L, S]) + m, [b, L, S])   only with a mask
+        a  = bmm(q3, k3)                        [b, g·L, S]
+        a  = reshape(reshape(a, [*B, L, S]) + m, [b, g·L, S])   only with a mask
         o  = reshape(bmm(softmax(a, -1), reshape(v, [b, S, Ev])), [*B, L, Ev])
+
+    K = B, g = 1                                each query head has its own keys
+    K = (*B', 1, ..., 1), g = the 1s' B         multi-query attention: the keys broadcast over
+                                                the last batch dims (MobileNetV4's hybrid blocks)
+    K = (*B', Hk), B = (*B', g·Hk)              grouped-query attention (``enable_gqa``): query
+                                                head h reads key head h // g
 
     m = attn_mask                                a float mask that is a constant
       = where(attn_mask, 0, -inf)                a boolean one
@@ -20,8 +26,13 @@ each attention leaves six kinds of op on portable kernels between two delegate c
 scale is a constant of the query's dtype multiplied into ``q`` (L x E products, not L x S), and a
 mask that is known before the model runs becomes one constant added to the scores.
 
-Left alone, with the reason: dropout (``dropout_p`` is not 0), grouped-query attention, batch
-dims that differ between ``q``, ``k`` and ``v`` (they would broadcast), a dtype other than
+Where the keys serve g query heads each, those heads' queries are rows of one matmul with them:
+q's heads are its last batch dims, next to its rows, so the reshape is a view and query head h
+of a group is rows h·L to (h+1)·L. Eager broadcasts (or repeats) k and v to every head instead.
+
+Left alone, with the reason: dropout (``dropout_p`` is not 0), batch dims of ``k`` and ``v``
+that differ, or that ``q``'s do not extend as above (``q`` broadcast over ``k``'s, a key dim of
+1 before a shared one), a dtype other than
 float32, a mask computed at run time, and a mask under which some query attends to nothing:
 eager's softmax is "safe" there (it returns zeros), a softmax over ``-inf`` alone is NaN, and
 XNNPACK has no op that tells them apart at run time. (Constant masks are what vision models
@@ -63,8 +74,10 @@ class Attention:
     q: fx.Node
     k: fx.Node
     v: fx.Node
-    batch: tuple[int, ...]
+    batch: tuple[int, ...]  # B, q's batch dims
+    keys: int  # b, the batches of keys (and values)
     length: int  # L, queries
+    group: int  # g, query heads per batch of keys
     source: int  # S, keys
     width: int  # E
     value_width: int  # Ev
@@ -86,8 +99,6 @@ def can_decompose(gm: fx.GraphModule, node: fx.Node) -> Attention | str | None:
     q, k, v = args["query"], args["key"], args["value"]
     if float(args.get("dropout_p") or 0.0) != 0.0:
         return "dropout_p is not 0"
-    if args.get("enable_gqa"):
-        return "grouped-query attention"
     shapes = [shape(x) for x in (q, k, v)]
     if any(s is None for s in shapes):
         return "input shape unknown (pass example_inputs)"
@@ -95,8 +106,11 @@ def can_decompose(gm: fx.GraphModule, node: fx.Node) -> Attention | str | None:
     assert qs is not None and ks is not None and vs is not None
     if any(dtype(x) is not torch.float32 for x in (q, k, v)):
         return "not float32: the XNNPACK delegate computes float32"
-    if not (qs[:-2] == ks[:-2] == vs[:-2]) or ks[-2] != vs[-2] or qs[-1] != ks[-1]:
-        return "q, k and v batch dims differ (they broadcast)"
+    if ks[:-2] != vs[:-2] or ks[-2] != vs[-2] or qs[-1] != ks[-1] or len(qs) != len(ks):
+        return "k and v shapes differ, or q's from theirs"
+    group = _group(qs[:-2], ks[:-2], bool(args.get("enable_gqa")))
+    if isinstance(group, str):
+        return group
     length, source = qs[-2], ks[-2]
     mask = _mask(gm, args.get("attn_mask"), bool(args.get("is_causal")), length, source)
     if isinstance(mask, str):
@@ -108,13 +122,31 @@ def can_decompose(gm: fx.GraphModule, node: fx.Node) -> Attention | str | None:
         k=k,
         v=v,
         batch=qs[:-2],
+        keys=numel(ks[:-2]),
         length=length,
+        group=group,
         source=source,
         width=qs[-1],
         value_width=vs[-1],
         scale=float(scale) if scale is not None else 1.0 / math.sqrt(qs[-1]),
         mask=mask,
     )
+
+
+def _group(queries: tuple[int, ...], keys: tuple[int, ...], gqa: bool) -> int | str:
+    """How many query heads each batch of keys serves, or why the batch dims are not taken:
+    the keys' dims equal the queries', then 1s where the queries have heads (multi-query), or
+    with ``enable_gqa`` a last dim that divides the queries' (grouped-query)."""
+    if gqa:
+        if not queries or queries[:-1] != keys[:-1] or queries[-1] % keys[-1]:
+            return "grouped-query attention whose key heads do not divide the query heads"
+        return queries[-1] // keys[-1]
+    shared = 0
+    while shared < len(keys) and keys[shared] == queries[shared]:
+        shared += 1
+    if any(k != 1 for k in keys[shared:]):
+        return "q, k and v batch dims differ other than by k's heads of 1 (they broadcast)"
+    return numel(queries[shared:])
 
 
 def _mask(
@@ -151,19 +183,19 @@ def _additive(keep: torch.Tensor) -> torch.Tensor:
 def decompose(gm: fx.GraphModule, match: Attention) -> fx.Node:
     """Insert the decomposition before ``match.node``; its output."""
     graph = gm.graph
-    b = numel(match.batch)
+    b, rows = match.keys, match.group * match.length
     length, source, width = match.length, match.source, match.width
     with graph.inserting_before(match.node):
         scale = constant(gm, "attention_scale", torch.tensor([match.scale], dtype=torch.float32))
         scaled = call(graph, aten.mul.Tensor, match.q, scale)
-        q = call(graph, aten.reshape.default, scaled, [b, length, width])
+        q = call(graph, aten.reshape.default, scaled, [b, rows, width])
         k = call(graph, aten.reshape.default, match.k, [b, source, width])
         scores = call(graph, aten.bmm.default, q, call(graph, aten.permute.default, k, [0, 2, 1]))
         if match.mask is not None:
             mask = constant(gm, "attention_mask", match.mask)
             full = call(graph, aten.reshape.default, scores, [*match.batch, length, source])
             masked = call(graph, aten.add.Tensor, full, mask)
-            scores = call(graph, aten.reshape.default, masked, [b, length, source])
+            scores = call(graph, aten.reshape.default, masked, [b, rows, source])
         weights = call(graph, aten._softmax.default, scores, -1, False)
         v = call(graph, aten.reshape.default, match.v, [b, source, match.value_width])
         out = call(graph, aten.bmm.default, weights, v)
