@@ -881,6 +881,33 @@ class TwoUsers(nn.Module):
         return self.bn(y) + y
 
 
+class AssertedRank(nn.Module):
+    """timm's ``BatchNormAct2d``: asserts its input's rank before normalizing it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        torch._assert(y.ndim == 4, "expected 4D input")
+        return self.bn(y).reshape(y.shape[0], y.size(1), -1)
+
+
+class ShapeAndValues(nn.Module):
+    """Reads the conv output's shape and, in the same call, its values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return self.bn(y) + y.new_ones(y.size()) * y
+
+
 class MyConv(nn.Conv2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x) * 2
@@ -940,6 +967,24 @@ def test_refusals_leave_the_graph_alone(make: Callable[[], nn.Module], reason: s
     assert sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in gm.modules()) == 1
     if reason != "BN in training mode":  # a training BN would update its stats
         assert_equivalent(model, gm, x)
+
+
+def test_a_conv_whose_rank_and_shape_are_asked_still_folds() -> None:
+    """timm's BatchNormAct2d asserts ``x.ndim == 4`` on the conv output: a user of the conv that
+    reads no values, and gets the same answer from the folded conv. Every timm EfficientNet kept
+    its 49 BatchNorms unfolded before."""
+    model, x = randomize_batchnorm(AssertedRank()).eval(), spatial_input(3, 2)
+    gm, result = fold(model, x, shapes=False)
+    assert (result.rewrites, result.skips) == (1, {})
+    assert count_modules(gm, nn.BatchNorm2d) == 0
+    assert_equivalent(model, gm, x)
+
+
+def test_a_conv_whose_values_are_read_besides_its_shape_is_left() -> None:
+    model, x = randomize_batchnorm(ShapeAndValues()).eval(), spatial_input(3, 2)
+    gm, result = fold(model, x)
+    assert result.rewrites == 0 and "producer output has" in next(iter(result.skips))
+    assert_equivalent(model, gm, x)
 
 
 def test_a_refused_batchnorm_does_not_stop_the_folds_after_it() -> None:

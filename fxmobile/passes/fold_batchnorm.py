@@ -22,7 +22,9 @@ The pass gives up, with a reason in the result, when:
 - the BN is in training mode, or has no running stats (it then normalizes with batch stats even
   in eval, pytorch/pytorch#71259), or its stats, affine params, eps or training flag are not
   constants;
-- the producer output has other users (they would see the folded values);
+- the producer output has other users that read its values (they would see the folded
+  values; one that asks only its shape, rank, dtype or device, as timm's ``BatchNormAct2d``
+  asserts ``x.ndim == 4``, gets the same answer from the folded output);
 - the BN's feature count differs from the producer's output channels (pytorch/pytorch#118990);
 - the axis BN normalizes (dim 1) is not provably the producer's channel axis. A conv's channels
   are dim 1 only for a batched input (an unbatched ``Conv1d`` gives ``[C, L]``, where a
@@ -55,6 +57,7 @@ from fxmobile.passes.graph_utils import (
     module_of,
     replace_node,
     tensor_meta,
+    value_users,
 )
 from fxmobile.passes.matchers import (
     BatchNormCall,
@@ -137,8 +140,9 @@ def can_fold(gm: fx.GraphModule, node: fx.Node) -> Match | str | None:
         return "BN input is not a conv, transposed conv or linear"
     if isinstance(producer, str):
         return producer
-    if len(producer.node.users) != 1:
-        return f"producer output has {len(producer.node.users)} users"
+    readers = value_users(producer.node)
+    if len(readers) != 1:
+        return f"producer output has {len(readers)} users"
     n = producer.out_channels
     if any(t is not None and t.shape != (n,) for t in (bn.mean, bn.var, bn.gamma, bn.beta)):
         return f"BN has {bn.mean.numel()} features, producer has {n} output channels"

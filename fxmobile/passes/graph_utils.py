@@ -50,6 +50,28 @@ def is_pure(gm: fx.GraphModule, node: fx.Node) -> bool:
     return not ops.fx_op(gm, node).writes
 
 
+# what a user may ask of a tensor without reading its values (timm's BatchNormAct2d asserts
+# ``x.ndim == 4`` on the conv output it normalizes)
+_METADATA_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "device"})
+_METADATA_METHODS = frozenset({"size", "dim", "ndimension"})
+
+
+def reads_values(user: fx.Node, node: fx.Node) -> bool:
+    """Whether ``user`` reads ``node``'s values, not only its shape, rank, dtype or device
+    (``getattr(node, "ndim")``, ``node.size()``): a rewrite that keeps those can give such a
+    user the rewritten tensor."""
+    if user.op == "call_function" and user.target is getattr:
+        return user.args[0] is not node or user.args[1] not in _METADATA_ATTRIBUTES
+    if user.op == "call_method" and user.target in _METADATA_METHODS:
+        return user.args[0] is not node or node in user.args[1:] or node in user.kwargs.values()
+    return True
+
+
+def value_users(node: fx.Node) -> list[fx.Node]:
+    """The users of ``node`` that read its values (``reads_values``)."""
+    return [user for user in node.users if reads_values(user, node)]
+
+
 def replace_node(node: fx.Node, value: fx.Node) -> None:
     """Route every user of ``node`` to ``value`` and erase ``node``."""
     node.replace_all_uses_with(value)
