@@ -77,19 +77,59 @@ def test_nan_and_infinities_reach_the_outputs_eager_gives_them() -> None:
 
 
 @pytest.mark.parametrize(
-    ("fn", "reason"),
+    ("fn", "sizes", "reason"),
     [
-        (lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True), "ceil_mode"),
-        (lambda x: F.avg_pool2d(x, 3, 1, 1, divisor_override=4), "divisor_override"),
+        (lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True), (1, 2, 8, 8), "ceil_mode adds"),
+        (lambda x: F.avg_pool2d(x, 2, 2, ceil_mode=True), (1, 2, 7, 6), "ceil_mode adds"),
+        (lambda x: F.avg_pool2d(x, 3, 1, 1, divisor_override=4), (1, 2, 7, 7), "divisor_override"),
     ],
-    ids=["ceil-mode", "divisor-override"],
+    ids=["ceil-mode-padded", "ceil-mode-odd-height", "divisor-override"],
 )
-def test_a_pool_whose_divisor_is_not_the_window_stays(fn: Fn, reason: str) -> None:
-    model, x = Apply(fn).eval(), torch.randn(1, 2, 7, 7)
+def test_a_pool_whose_divisor_is_not_the_window_stays(
+    fn: Fn, sizes: tuple[int, ...], reason: str
+) -> None:
+    model, x = Apply(fn).eval(), torch.randn(sizes)
     gm, record = run_pass(AvgPoolPaddingAsPad(), exported(model, x), x)
     assert record.rewrites == 0
     assert any(reason in why for why in record.skips)
     assert count(gm, aten.constant_pad_nd.default) == 0
+
+
+class ResNetDShortcut(nn.Module):
+    """ResNet-D's downsampling shortcut (timm resnet18d): a 2 x 2 average pool of stride 2 with
+    ceil_mode and without counting padding, then a 1x1 conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = nn.AvgPool2d(2, 2, ceil_mode=True, count_include_pad=False)
+        self.conv = nn.Conv2d(4, 6, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(self.pool(x))
+
+
+CEIL_CASES: dict[str, tuple[Fn, tuple[int, ...]]] = {
+    "resnet-d-even": (ResNetDShortcut(), (1, 4, 8, 6)),
+    "padded-same-windows": (lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True), (1, 2, 7, 9)),
+    "stride-1": (lambda x: F.avg_pool2d(x, 3, 1, 0, ceil_mode=True), (1, 2, 6, 5)),
+}
+
+
+@pytest.mark.parametrize("case", list(CEIL_CASES))
+def test_a_ceil_mode_that_adds_no_window_goes_and_the_program_is_whole(case: str) -> None:
+    fn, sizes = CEIL_CASES[case]
+    model = (fn if isinstance(fn, nn.Module) else Apply(fn)).eval()
+    torch.manual_seed(0)
+    x = torch.randn(sizes)
+    before = program_of(exported(model, x), x)
+    assert "aten.avg_pool2d" in {p.op for p in before.portable_ops}
+    gm, record = run_pass(AvgPoolPaddingAsPad(), exported(model, x), x)
+    assert record.rewrites == 1
+    (pool,) = [n for n in gm.graph.nodes if n.target is aten.avg_pool2d.default]
+    assert pool.args[4] is False
+    assert_equivalent(model, gm, x)
+    after = program_of(gm, x)
+    assert (after.delegate_calls, after.portable_ops) == (1, ())
 
 
 def test_pools_the_delegate_takes_already_are_not_touched() -> None:
