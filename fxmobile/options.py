@@ -97,6 +97,7 @@ class MobileOptimizerType(enum.Enum):
     DECOMPOSE_GROUP_NORM = "decompose_group_norm"
     UPSAMPLE_NEAREST_AS_CONV_TRANSPOSE = "upsample_nearest_as_conv_transpose"
     DECOMPOSE_VECTOR_NORM = "decompose_vector_norm"
+    DECOMPOSE_VARIANCE = "decompose_variance"
     DECOMPOSE_MEAN = "decompose_mean"
     DECOMPOSE_TANH_GELU = "decompose_tanh_gelu"
     FOLD_CONSTANT_SUBGRAPHS = "fold_constant_subgraphs"

@@ -7,7 +7,7 @@ XNNPACK takes none of the three (a power that is a float; no config for ``sum``)
 ``F.normalize`` (EdgeNeXt's cross-covariance attention normalizes its queries and keys) runs on
 portable kernels between two delegate calls: 18 of EdgeNeXt-xx-small's ops. Written as a
 product, a sum and a square root, the sum becomes a matmul in ``decompose_mean`` (the next
-pass but one), and XNNPACK takes all three.
+pass but two), and XNNPACK takes all three.
 
 ATen's kernel sums the same squares without scaling them, so the result differs only by the
 order of the sum; a NaN gives NaN, an infinity inf, and a square past the float range inf, as

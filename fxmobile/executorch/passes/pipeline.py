@@ -4,19 +4,18 @@ Constant subgraphs first: Swin's shifted-window masks and relative-position gath
 buffers, so the attention after them has a constant mask. Then attention: its decomposition,
 and hand-written attention's matmuls after it, make the batched matmuls, reshapes and constants
 the later passes tidy. Then what computes numbers in ops XNNPACK declines or gets wrong:
-LayerNorm, GroupNorm, a BatchNorm no conv takes, 2-norms (their sum of squares is a sum for the
-next pass), means and sums, the tanh GELU, a softmax over an inner dim or after a conv, small
-integer powers,
-nearest upsampling, an average pooling that counts its padding. Then the ops that only move
-data: rolls, reflect and replicate pads, strided slices, selections, broadcasts, layout copies
-and shape-only views (attention's unbind of q, k and v among them; a no-op expand is a view, a
-real one a broadcast). Last the numbers of arithmetic, once every pass that adds arithmetic has
-run.
+LayerNorm, GroupNorm, a BatchNorm no conv takes, 2-norms and variances (their sums and means are
+for the next pass), means and sums, the tanh GELU, a softmax over an inner dim or after a conv,
+small integer powers, nearest upsampling, an average pooling that counts its padding. Then the
+ops that only move data: rolls, reflect and replicate pads, strided slices, selections,
+broadcasts, layout copies and shape-only views (attention's unbind of q, k and v among them; a
+no-op expand is a view, a real one a broadcast). Last the numbers of arithmetic, once every pass
+that adds arithmetic has run.
 
 No pass here makes a candidate for an earlier one: none emits a subgraph of constants only,
-attention, a norm, a reduction XNNPACK declines, a GELU, a softmax, a power, an upsampling, a
-pooling that counts its padding, a roll, a pad other than a constant one, a strided slice, a
-selection, an expand or a layout copy; the later passes' convolutions (of an upsampling, an
+attention, a norm, a variance, a reduction XNNPACK declines, a GELU, a softmax, a power, an
+upsampling, a pooling that counts its padding, a roll, a pad other than a constant one, a strided
+slice, a selection, an expand or a layout copy; the later passes' convolutions (of an upsampling, an
 average pooling) stand where an op stood that the softmax pass already counted as channels-last.
 So one run in this order leaves nothing the pipeline would still rewrite.
 """
@@ -30,6 +29,7 @@ from fxmobile.executorch.passes.decompose_layer_norm import DecomposeLayerNorm
 from fxmobile.executorch.passes.decompose_mean import DecomposeMean
 from fxmobile.executorch.passes.decompose_sdpa import DecomposeSdpa
 from fxmobile.executorch.passes.decompose_tanh_gelu import DecomposeTanhGelu
+from fxmobile.executorch.passes.decompose_variance import DecomposeVariance
 from fxmobile.executorch.passes.decompose_vector_norm import DecomposeVectorNorm
 from fxmobile.executorch.passes.fold_constant_subgraphs import FoldConstantSubgraphs
 from fxmobile.executorch.passes.matmul_as_bmm import MatmulAsBmm
@@ -56,6 +56,7 @@ EXPORT_PASSES: tuple[type[FxPass], ...] = (
     DecomposeGroupNorm,
     DecomposeBatchNorm,
     DecomposeVectorNorm,
+    DecomposeVariance,
     DecomposeMean,
     DecomposeTanhGelu,
     SoftmaxOverLastDim,
