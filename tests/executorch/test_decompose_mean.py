@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import fxmobile
 from fxmobile.executorch.passes.decompose_mean import MAX_WEIGHTS, DecomposeMean, can_decompose
 from tests.export_helpers import (
     Apply,
@@ -150,20 +151,17 @@ def test_own_flow_leaves_hugging_face_swins_token_pool_outside_and_this_leaves_n
     "f",
     [
         lambda x: x.mean((2, 3), keepdim=True),
-        lambda x: F.adaptive_avg_pool2d(x, 1),
         lambda x: F.avg_pool2d(x, 2),
         lambda x: F.avg_pool2d(x, (4, 4)),
         lambda x: F.avg_pool2d(x, (5, 4), padding=(1, 0), ceil_mode=True),
     ],
-    ids=["kept-spatial-mean", "contiguous-pool", "pool-of-windows", "window-short", "padded"],
+    ids=["kept-spatial-mean", "pool-of-windows", "window-short", "padded"],
 )
 def test_the_global_pool_xnnpack_takes_is_no_candidate(
     f: Callable[[torch.Tensor], torch.Tensor],
 ) -> None:
-    """A 4-D mean over [2, 3] kept XNNPACK takes; a 1 x 1 adaptive pool of a contiguous tensor
-    ExecuTorch makes that mean (rewriting it would cost an export again, for nothing). An
-    average pool of several windows, of one window shorter than the input, or of a padded
-    one is no mean."""
+    """A 4-D mean over [2, 3] kept XNNPACK takes. An average pool of several windows, of one
+    window shorter than the input, or of a padded one is no mean."""
     model, x = Apply(f).eval(), torch.randn(2, 8, 5, 4)
     gm, record = run_pass(DecomposeMean(), exported(model, x), x)
     assert (record.rewrites, dict(record.skips)) == (0, {})
@@ -228,3 +226,32 @@ def test_without_shapes_it_declines() -> None:
         node.meta.pop("tensor_meta", None)
     mean = next(n for n in gm.graph.nodes if n.target is aten.mean.dim)
     assert can_decompose(mean) == "input shape unknown (pass example_inputs)"
+
+
+class HybridHead(nn.Module):
+    """MobileNetV4's hybrid head in small: tokens mixed by a linear, transposed back into a
+    feature map (the copy ``remove_layout_copies`` drops), a conv, a 1 x 1 adaptive pool of
+    its output and a conv head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mix, self.conv, self.head = nn.Linear(8, 8), nn.Conv2d(8, 8, 1), nn.Conv2d(8, 16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = x.shape
+        tokens = self.mix(x.flatten(2).transpose(1, 2))
+        y = tokens.transpose(1, 2).reshape(b, c, h, w).contiguous()
+        return self.head(F.adaptive_avg_pool2d(self.conv(y).relu(), 1)).flatten(1)
+
+
+def test_a_pool_of_a_contiguous_tensor_is_a_global_pool_after_the_layout_copies_go() -> None:
+    """Recorded contiguous, the pool's input is permuted at the last export once the copy
+    before the conv is gone, and ExecuTorch made the pool an ``as_strided_copy`` on a portable
+    kernel (mobilenetv4_hybrid_medium: 2 delegate calls and that op)."""
+    torch.manual_seed(0)
+    model, x = HybridHead().eval(), torch.randn(1, 8, 4, 4)
+    result = fxmobile.optimize(model, example_inputs=(x,), target_runtime="executorch")
+    program = result.report.program
+    assert program is not None
+    assert (program.delegate_calls, program.portable_ops) == (1, ())
+    assert_equivalent(model, result.run, x)

@@ -29,12 +29,16 @@ and has no config for ``sum`` or for ``_adaptive_avg_pool2d`` to other than 1 x 
 run on portable kernels between two delegate calls (a ``x.mean(1)`` over tokens in LeViT's and
 EfficientFormer's heads, ``x.mean((2, 3))`` in ShuffleNet's). ``adaptive_avg_pool2d`` to 1 x 1
 of a permuted tensor (ConvNeXt's, Swin's and EdgeNeXt's heads) becomes an ``as_strided_copy``
-in ExecuTorch's own lowering; as ``mean.dim`` it is a global pool. So is an ``avg_pool2d``
-whose one window is the whole input: Hugging Face's EfficientNet head,
-``AvgPool2d(1280, ceil_mode=True)`` over 7 x 7, which XNNPACK declines (ceil_mode) and the
-portable kernel took about 7.5 s a call for. ``adaptive_avg_pool1d``, which export keeps (Hugging
-Face's Swin pools its tokens with ``AdaptiveAvgPool1d(1)`` of the transposed sequence), ExecuTorch
-makes an ``unsqueeze_copy``, a pool and a ``squeeze_copy``, none of them delegated.
+in ExecuTorch's own lowering; as ``mean.dim`` it is a global pool. Every such pool is written
+so, a contiguous one too: its input's strides at the last export are not the ones recorded
+here, once ``remove_layout_copies`` has dropped a copy upstream (MobileNetV4's hybrid head pools
+a conv of its attention's transposed output, and kept an ``as_strided_copy``). An
+``avg_pool2d`` whose one window is the whole input is a global pool too: Hugging Face's
+EfficientNet head, ``AvgPool2d(1280, ceil_mode=True)`` over 7 x 7, which XNNPACK declines
+(ceil_mode) and the portable kernel took about 7.5 s a call for. ``adaptive_avg_pool1d``, which
+export keeps (Hugging Face's Swin pools its tokens with ``AdaptiveAvgPool1d(1)`` of the
+transposed sequence), ExecuTorch makes an ``unsqueeze_copy``, a pool and a ``squeeze_copy``, none
+of them delegated.
 
 The forms are measured (ExecuTorch's runtime, one thread): a mean over the last dim of
 [1, 196, 384] as ``linear`` 0.12 ms, as ``mean.dim`` of a [rows, 1, 1, C] view 0.22 ms (the
@@ -42,8 +46,7 @@ portable kernel 0.10 ms); over the tokens of [1, 49, 448] as ``bmm`` 0.034 ms, a
 the transpose 0.087 ms (portable 0.10 ms). None goes through ``avg_pool2d``, whose XNNPACK
 kernel turns a NaN into -inf: here a NaN or an infinity reaches the outputs it reaches in eager.
 
-Not a candidate: a 4-D ``mean`` over [2, 3] kept (XNNPACK takes it), and an adaptive pool to
-1 x 1 of a contiguous tensor (ExecuTorch makes it that ``mean``). Left alone, with the
+Not a candidate: a 4-D ``mean`` over [2, 3] kept (XNNPACK takes it). Left alone, with the
 reason: a ``dtype=`` argument, a dtype other than float32, an input whose shape is unknown, an
 empty input, an adaptive pool whose output does not divide the input, and a ``bmm`` weight of
 more than ``MAX_WEIGHTS`` elements.
@@ -62,7 +65,6 @@ from fxmobile.executorch.passes.aten import (
     aten,
     call,
     constant,
-    contiguous,
     dtype,
     numel,
     reduced_dims,
@@ -170,8 +172,6 @@ def _adaptive(
     if h % oh or w % ow:
         return f"{h}x{w} -> {oh}x{ow}: the output does not divide the input"
     if (oh, ow) == (1, 1):
-        if contiguous(source):
-            return None  # ExecuTorch makes it the global pool XNNPACK takes
         return Reduction(node, source, sizes, (2, 3), True, out, global_pool=True)
     view = (n, c, oh, h // oh, ow, w // ow)
     return _weights_fit(Reduction(node, source, view, (3, 5), True, out, global_pool=False))
