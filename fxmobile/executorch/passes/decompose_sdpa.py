@@ -27,16 +27,17 @@ scale is a constant of the query's dtype multiplied into ``q`` (L x E products, 
 mask that is known before the model runs becomes one constant added to the scores.
 
 Where the keys serve g query heads each, those heads' queries are rows of one matmul with them:
-q's heads are its last batch dims, next to its rows, so the reshape is a view and query head h
-of a group is rows h·L to (h+1)·L. Eager broadcasts (or repeats) k and v to every head instead.
+q's heads are its last batch dims, next to its rows, so the reshape keeps each head's rows
+together, and query head h of a group is rows h·L to (h+1)·L. Eager broadcasts (or repeats) k
+and v to every head instead.
 
 Left alone, with the reason: dropout (``dropout_p`` is not 0), batch dims of ``k`` and ``v``
 that differ, or that ``q``'s do not extend as above (``q`` broadcast over ``k``'s, a key dim of
-1 before a shared one), a dtype other than
-float32, a mask computed at run time, and a mask under which some query attends to nothing:
-eager's softmax is "safe" there (it returns zeros), a softmax over ``-inf`` alone is NaN, and
-XNNPACK has no op that tells them apart at run time. (Constant masks are what vision models
-have; fxmobile's constant folding makes one of a mask built from constants in ``forward``.)
+1 before a shared one), a dtype other than float32, a mask computed at run time, and a mask
+under which some query attends to nothing: eager's softmax is "safe" there (it returns zeros),
+a softmax over ``-inf`` alone is NaN, and XNNPACK has no op that tells them apart at run time.
+(Constant masks are what vision models have; fxmobile's constant folding makes one of a mask
+built from constants in ``forward``.)
 """
 
 from __future__ import annotations
