@@ -22,7 +22,7 @@ a dtype other than float32, an input whose shape is unknown, a dim out of range.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import fx
@@ -58,7 +58,7 @@ class Variance:
     source: fx.Node
     dims: tuple[int, ...]
     keepdim: bool
-    divisor: int
+    divisor: float
     root: bool
 
 
@@ -76,22 +76,22 @@ def can_decompose(node: fx.Node) -> Variance | str | None:
         return f"{dtype(source)} input: the XNNPACK delegate computes float32"
     if target in WHOLE:
         dims: tuple[int, ...] | None = tuple(range(len(sizes)))
-        correction, keepdim = int(bool(argument(node, 1, "unbiased", True))), False
+        correction, keepdim = float(bool(argument(node, 1, "unbiased", True))), False
     else:
         dims = reduced_dims(argument(node, 1, "dim"), len(sizes))
         if target in POSITIONAL:
-            correction = int(bool(argument(node, 2, "unbiased", True)))
+            correction = float(bool(argument(node, 2, "unbiased", True)))
             keepdim = bool(argument(node, 3, "keepdim", False))
         else:
-            found = node.kwargs.get("correction")
-            correction = 1 if found is None else found
+            found: Any = node.kwargs.get("correction")
+            correction = 1.0 if found is None else float(found)
             keepdim = bool(node.kwargs.get("keepdim", False))
     if dims is None:
         return "a dim out of range"
     count = numel([sizes[d] for d in dims])
-    if correction != int(correction) or count - int(correction) <= 0:
-        return f"correction {correction} of {count} elements: eager divides by zero or less"
-    return Variance(node, source, dims, keepdim, count - int(correction), target in ROOTS)
+    if count - correction <= 0:
+        return f"correction {correction:g} of {count} elements: eager divides by zero or less"
+    return Variance(node, source, dims, keepdim, count - correction, target in ROOTS)
 
 
 def decompose(gm: fx.GraphModule, match: Variance) -> fx.Node:
