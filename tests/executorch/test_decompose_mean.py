@@ -151,17 +151,20 @@ def test_own_flow_leaves_hugging_face_swins_token_pool_outside_and_this_leaves_n
     "f",
     [
         lambda x: x.mean((2, 3), keepdim=True),
+        lambda x: F.adaptive_avg_pool2d(x, 1),
         lambda x: F.avg_pool2d(x, 2),
         lambda x: F.avg_pool2d(x, (4, 4)),
         lambda x: F.avg_pool2d(x, (5, 4), padding=(1, 0), ceil_mode=True),
     ],
-    ids=["kept-spatial-mean", "pool-of-windows", "window-short", "padded"],
+    ids=["kept-spatial-mean", "contiguous-pool", "pool-of-windows", "window-short", "padded"],
 )
 def test_the_global_pool_xnnpack_takes_is_no_candidate(
     f: Callable[[torch.Tensor], torch.Tensor],
 ) -> None:
-    """A 4-D mean over [2, 3] kept XNNPACK takes. An average pool of several windows, of one
-    window shorter than the input, or of a padded one is no mean."""
+    """A 4-D mean over [2, 3] kept XNNPACK takes; a 1 x 1 adaptive pool of a contiguous tensor
+    in a graph without layout copies ExecuTorch makes that mean (rewriting it would cost an
+    export again, for nothing). An average pool of several windows, of one window shorter than
+    the input, or of a padded one is no mean."""
     model, x = Apply(f).eval(), torch.randn(2, 8, 5, 4)
     gm, record = run_pass(DecomposeMean(), exported(model, x), x)
     assert (record.rewrites, dict(record.skips)) == (0, {})
@@ -244,7 +247,7 @@ class HybridHead(nn.Module):
         return self.head(F.adaptive_avg_pool2d(self.conv(y).relu(), 1)).flatten(1)
 
 
-def test_a_pool_of_a_contiguous_tensor_is_a_global_pool_after_the_layout_copies_go() -> None:
+def test_a_pool_of_a_contiguous_tensor_is_a_global_pool_when_layout_copies_may_go() -> None:
     """Recorded contiguous, the pool's input is permuted at the last export once the copy
     before the conv is gone, and ExecuTorch made the pool an ``as_strided_copy`` on a portable
     kernel (mobilenetv4_hybrid_medium: 2 delegate calls and that op)."""

@@ -29,10 +29,11 @@ and has no config for ``sum`` or for ``_adaptive_avg_pool2d`` to other than 1 x 
 run on portable kernels between two delegate calls (a ``x.mean(1)`` over tokens in LeViT's and
 EfficientFormer's heads, ``x.mean((2, 3))`` in ShuffleNet's). ``adaptive_avg_pool2d`` to 1 x 1
 of a permuted tensor (ConvNeXt's, Swin's and EdgeNeXt's heads) becomes an ``as_strided_copy``
-in ExecuTorch's own lowering; as ``mean.dim`` it is a global pool. Every such pool is written
-so, a contiguous one too: its input's strides at the last export are not the ones recorded
-here, once ``remove_layout_copies`` has dropped a copy upstream (MobileNetV4's hybrid head pools
-a conv of its attention's transposed output, and kept an ``as_strided_copy``). An
+in ExecuTorch's own lowering; as ``mean.dim`` it is a global pool. A pool of a contiguous tensor
+ExecuTorch makes that ``mean`` itself, and is left to it (a rewrite would cost another export),
+unless the graph holds a copy ``remove_layout_copies`` may drop: its input's strides at the last
+export are then not the ones recorded here (MobileNetV4's hybrid head pools a conv of its
+attention's transposed output, and kept an ``as_strided_copy``). An
 ``avg_pool2d`` whose one window is the whole input is a global pool too: Hugging Face's
 EfficientNet head, ``AvgPool2d(1280, ceil_mode=True)`` over 7 x 7, which XNNPACK declines
 (ceil_mode) and the portable kernel took about 7.5 s a call for. ``adaptive_avg_pool1d``, which
@@ -46,7 +47,8 @@ portable kernel 0.10 ms); over the tokens of [1, 49, 448] as ``bmm`` 0.034 ms, a
 the transpose 0.087 ms (portable 0.10 ms). None goes through ``avg_pool2d``, whose XNNPACK
 kernel turns a NaN into -inf: here a NaN or an infinity reaches the outputs it reaches in eager.
 
-Not a candidate: a 4-D ``mean`` over [2, 3] kept (XNNPACK takes it). Left alone, with the
+Not a candidate: a 4-D ``mean`` over [2, 3] kept (XNNPACK takes it), and an adaptive pool to
+1 x 1 of a contiguous tensor in a graph without layout copies. Left alone, with the
 reason: a ``dtype=`` argument, a dtype other than float32, an input whose shape is unknown, an
 empty input, an adaptive pool whose output does not divide the input, and a ``bmm`` weight of
 more than ``MAX_WEIGHTS`` elements.
@@ -65,12 +67,14 @@ from fxmobile.executorch.passes.aten import (
     aten,
     call,
     constant,
+    contiguous,
     dtype,
     numel,
     reduced_dims,
     rewrite_each,
     shape,
 )
+from fxmobile.executorch.passes.remove_layout_copies import LayoutCopy, can_remove
 from fxmobile.infra import PassResult
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.stage import FxContext, FxPass
@@ -97,8 +101,10 @@ class Reduction:
     global_pool: bool  # the 4-D mean.dim over [2, 3], kept, that XNNPACK takes
 
 
-def can_decompose(node: fx.Node) -> Reduction | str | None:
-    """The reduction ``node`` is, a reason it must stay, or None when it is none to rewrite."""
+def can_decompose(node: fx.Node, layout_copies: bool = True) -> Reduction | str | None:
+    """The reduction ``node`` is, a reason it must stay, or None when it is none to rewrite.
+    ``layout_copies``: whether the graph holds a copy ``remove_layout_copies`` may drop (then
+    no recorded stride holds at the last export)."""
     target = node.target
     if node.op != "call_function" or not (
         target in REDUCTIONS
@@ -126,7 +132,7 @@ def can_decompose(node: fx.Node) -> Reduction | str | None:
     if numel(sizes) == 0:
         return "an empty input"
     if target in ADAPTIVE:
-        return _adaptive(node, source, sizes, out)
+        return _adaptive(node, source, sizes, out, layout_copies)
     if target is ADAPTIVE_1D:
         return _adaptive_1d(node, source, sizes, out)
     if target is POOL:
@@ -163,7 +169,11 @@ def _pair(value: int | list[int] | tuple[int, ...]) -> tuple[int, int]:
 
 
 def _adaptive(
-    node: fx.Node, source: fx.Node, sizes: tuple[int, ...], out: tuple[int, ...]
+    node: fx.Node,
+    source: fx.Node,
+    sizes: tuple[int, ...],
+    out: tuple[int, ...],
+    layout_copies: bool,
 ) -> Reduction | str | None:
     if len(sizes) != 4:
         return f"a {len(sizes)}-D input (4-D taken)"
@@ -172,6 +182,8 @@ def _adaptive(
     if h % oh or w % ow:
         return f"{h}x{w} -> {oh}x{ow}: the output does not divide the input"
     if (oh, ow) == (1, 1):
+        if contiguous(source) and not layout_copies:
+            return None  # ExecuTorch makes it the global pool XNNPACK takes
         return Reduction(node, source, sizes, (2, 3), True, out, global_pool=True)
     view = (n, c, oh, h // oh, ow, w // ow)
     return _weights_fit(Reduction(node, source, view, (3, 5), True, out, global_pool=False))
@@ -274,4 +286,5 @@ class DecomposeMean(FxPass):
     needs_shapes: ClassVar[bool] = True
 
     def call(self, gm: fx.GraphModule, ctx: FxContext) -> PassResult[fx.GraphModule]:
-        return rewrite_each(gm, can_decompose, decompose)
+        copies = any(isinstance(can_remove(n), LayoutCopy) for n in gm.graph.nodes)
+        return rewrite_each(gm, lambda node: can_decompose(node, copies), decompose)
