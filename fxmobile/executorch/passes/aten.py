@@ -9,6 +9,7 @@ before a pass that needs them) or, for a node export made, its ``val``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -121,11 +122,16 @@ def reduced_dims(dims: Any, rank: int) -> tuple[int, ...] | None:
 
 def operator_facts(target: Any) -> ops.OpInfo | None:
     """What the ATen operator ``target`` does (``fxmobile.ops``' facts, read from the schemas
-    and tags of its overload packet: whether it writes, draws random numbers, leaves memory
-    uninitialized), or None when ``target`` is no ATen operator."""
+    and tags of its overload packet: whether it draws random numbers, leaves memory
+    uninitialized, may return a view), or None when ``target`` is no ATen operator. Whether it
+    writes comes from the overload's own schema: ``_native_batch_norm_legit.no_stats`` (the
+    weight standardization of timm's NF-Nets, on parameters only) writes nothing, where the
+    packet's default overload writes its running statistics."""
     if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten":
         return None
-    return ops.aten(target.overloadpacket.__name__)
+    arguments = target._schema.arguments
+    writes = any(a.alias_info is not None and a.alias_info.is_write for a in arguments)
+    return dataclasses.replace(ops.aten(target.overloadpacket.__name__), writes=writes)
 
 
 def positive_dim(dim: Any, rank: int) -> int:

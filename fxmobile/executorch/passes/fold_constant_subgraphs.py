@@ -23,9 +23,11 @@ input-independent, run at most once per call), a result that is an attribute alr
 view copied. What differs is how a node is judged:
 
 - an ATen node is an operator overload, judged by ``fxmobile.ops``' facts about its overload
-  packet (``aten.operator_facts``): random ops (``rand``, ``bernoulli``) and ops that write
-  (``copy_``, how the unlifted graph writes a buffer the model updates) are never constant, nor
-  ``empty`` (uninitialized);
+  packet and by its own schema for writes (``aten.operator_facts``): random ops (``rand``,
+  ``bernoulli``) and ops that write (``copy_``, how the unlifted graph writes a buffer the model
+  updates) are never constant, nor ``empty`` (uninitialized); the weight standardization of
+  timm's NF-Nets (``_native_batch_norm_legit.no_stats`` of a parameter, an overload that writes
+  nothing) is;
 - export adds assertions (``_assert_tensor_metadata`` before every ``.to()``), which fx calls
   impure, so the FX fold would keep every constant they read; here an assertion on constants is
   checked once (it holds on every call if it holds now) and dropped with the subgraph;
