@@ -60,9 +60,21 @@ def program_outputs(gm: fx.GraphModule, *inputs: Any) -> Any:
     return runner(*inputs)
 
 
-def assert_same_nonfinite(expected: torch.Tensor, got: torch.Tensor) -> None:
+def assert_same_nonfinite(
+    expected: torch.Tensor,
+    got: torch.Tensor,
+    *,
+    atol: float | None = None,
+    rtol: float | None = None,
+) -> None:
     """NaN where eager has NaN, and the same infinities: a rewrite must keep what eager does
-    with a NaN or an infinity in its input."""
+    with a NaN or an infinity in its input. Given ``atol`` or ``rtol``, the finite values must
+    be as close to eager's as ``torch.allclose`` says (its default for the other one)."""
     assert torch.equal(expected.isnan(), got.isnan()), "NaN positions differ"
     assert torch.equal(expected.isposinf(), got.isposinf()), "+inf positions differ"
     assert torch.equal(expected.isneginf(), got.isneginf()), "-inf positions differ"
+    if atol is None and rtol is None:
+        return
+    finite = expected.isfinite()
+    atol, rtol = 1e-8 if atol is None else atol, 1e-5 if rtol is None else rtol
+    assert torch.allclose(got[finite], expected[finite], atol=atol, rtol=rtol)

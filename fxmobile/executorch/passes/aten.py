@@ -54,6 +54,17 @@ def dtype(node: Any) -> torch.dtype | None:
     return None if found is None else found.dtype
 
 
+def float32_shape(source: fx.Node) -> tuple[int, ...] | str:
+    """The static shape of ``source``, a float32 tensor the XNNPACK delegate can take, or why a
+    pass leaves its op alone: a shape unknown or symbolic, another dtype."""
+    sizes = shape(source)
+    if sizes is None:
+        return "input shape unknown (pass example_inputs)"
+    if dtype(source) is not torch.float32:
+        return f"{dtype(source)} input: the XNNPACK delegate computes float32"
+    return sizes
+
+
 def integer(value: Any) -> int:
     """An int argument of an op (a dim, an index, a size): FX types arguments as any node
     argument, which ``int()`` alone does not accept."""

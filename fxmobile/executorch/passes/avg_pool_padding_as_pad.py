@@ -55,12 +55,17 @@ class Pool:
     padding: tuple[int, int] | None
 
 
-def _floor_sizes(node: fx.Node, sizes: tuple[int, ...]) -> tuple[int, int]:
-    """The output height and width of ``node``'s pooling without ``ceil_mode``."""
+def _window(node: fx.Node) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """``node``'s pooling kernel, stride (the kernel's when not given) and padding, each as
+    (height, width)."""
     kernel = _pair(node.args[1])
     stride = argument(node, 2, "stride", [])
-    steps = _pair(stride) if stride else kernel
-    padding = _pair(argument(node, 3, "padding", 0))
+    return kernel, _pair(stride) if stride else kernel, _pair(argument(node, 3, "padding", 0))
+
+
+def _floor_sizes(node: fx.Node, sizes: tuple[int, ...]) -> tuple[int, int]:
+    """The output height and width of ``node``'s pooling without ``ceil_mode``."""
+    kernel, steps, padding = _window(node)
     return (
         (sizes[-2] + 2 * padding[0] - kernel[0]) // steps[0] + 1,
         (sizes[-1] + 2 * padding[1] - kernel[1]) // steps[1] + 1,
@@ -93,10 +98,7 @@ def rewrite(gm: fx.GraphModule, pool: Pool) -> fx.Node:
     """The pooling without ``ceil_mode``, of the zero-padded input when its padding moves,
     inserted before ``pool.node``; its output."""
     node, x = pool.node, pool.node.args[0]
-    kernel = list(_pair(node.args[1]))
-    stride = argument(node, 2, "stride", [])
-    stride = list(_pair(stride)) if stride else kernel
-    padding = list(_pair(argument(node, 3, "padding", 0)))
+    kernel, stride, padding = (list(pair) for pair in _window(node))
     keep = [argument(node, 5, "count_include_pad", True), argument(node, 6, "divisor_override")]
     with gm.graph.inserting_before(node):
         if pool.padding is not None:

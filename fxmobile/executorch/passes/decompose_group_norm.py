@@ -40,10 +40,9 @@ from fxmobile.executorch.passes.aten import (
     aten,
     call,
     constant,
-    dtype,
+    float32_shape,
     numel,
     rewrite_each,
-    shape,
 )
 from fxmobile.infra import PassResult
 from fxmobile.options import MobileOptimizerType
@@ -78,11 +77,9 @@ def can_decompose(node: fx.Node) -> GroupNorm | str | None:
         return None
     source = node.args[0]
     assert isinstance(source, fx.Node)
-    sizes = shape(source)
-    if sizes is None:
-        return "input shape unknown (pass example_inputs)"
-    if dtype(source) is not torch.float32:
-        return f"{dtype(source)} input: the XNNPACK delegate computes float32"
+    sizes = float32_shape(source)
+    if isinstance(sizes, str):
+        return sizes
     weight, bias = argument(node, 2, "weight"), argument(node, 3, "bias")
     return GroupNorm(
         node=node,

@@ -29,7 +29,14 @@ from typing import ClassVar
 import torch
 from torch import fx
 
-from fxmobile.executorch.passes.aten import aten, call, constant, dtype, numel, rewrite_each, shape
+from fxmobile.executorch.passes.aten import (
+    aten,
+    call,
+    constant,
+    float32_shape,
+    numel,
+    rewrite_each,
+)
 from fxmobile.infra import PassResult
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.stage import FxContext, FxPass
@@ -58,11 +65,9 @@ def can_decompose(node: fx.Node) -> LayerNorm | str | None:
     bias = node.args[3] if len(node.args) > 3 else node.kwargs.get("bias")
     eps = node.args[4] if len(node.args) > 4 else node.kwargs.get("eps", 1e-5)
     assert isinstance(source, fx.Node)
-    sizes = shape(source)
-    if sizes is None:
-        return "input shape unknown (pass example_inputs)"
-    if dtype(source) is not torch.float32:
-        return f"{dtype(source)} input: the XNNPACK delegate computes float32"
+    sizes = float32_shape(source)
+    if isinstance(sizes, str):
+        return sizes
     lead = sizes[: len(sizes) - len(normalized_shape)]  # type: ignore[arg-type]
     return LayerNorm(
         node=node,

@@ -32,7 +32,7 @@ from fxmobile.executorch.passes.aten import (
     aten,
     call,
     constant,
-    dtype,
+    float32_shape,
     numel,
     reduced_dims,
     rewrite_each,
@@ -47,6 +47,7 @@ POSITIONAL = frozenset({aten.var.dim, aten.std.dim})
 KEYWORDS = frozenset({aten.var.correction, aten.std.correction})
 WHOLE = frozenset({aten.var.default, aten.std.default})
 ROOTS = frozenset({aten.std.dim, aten.std.correction, aten.std.default})
+VARIANCES = POSITIONAL | KEYWORDS | WHOLE
 
 
 @dataclass(frozen=True)
@@ -65,15 +66,13 @@ class Variance:
 def can_decompose(node: fx.Node) -> Variance | str | None:
     """The variance ``node`` is, a reason it must stay, or None when it is none."""
     target = node.target
-    if node.op != "call_function" or target not in POSITIONAL | KEYWORDS | WHOLE:
+    if node.op != "call_function" or target not in VARIANCES:
         return None
     source = node.args[0]
     assert isinstance(source, fx.Node)
-    sizes = shape(source)
-    if sizes is None:
-        return "input shape unknown (pass example_inputs)"
-    if dtype(source) is not torch.float32:
-        return f"{dtype(source)} input: the XNNPACK delegate computes float32"
+    sizes = float32_shape(source)
+    if isinstance(sizes, str):
+        return sizes
     if target in WHOLE:
         dims: tuple[int, ...] | None = tuple(range(len(sizes)))
         correction, keepdim = float(bool(argument(node, 1, "unbiased", True))), False
