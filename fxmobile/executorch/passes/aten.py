@@ -87,11 +87,15 @@ def constant(gm: fx.GraphModule, base: str, value: torch.Tensor) -> fx.Node:
     return gm.graph.get_attr(add_constant(gm, base, value))
 
 
-def scalar(gm: fx.GraphModule, base: str, value: float, like: torch.dtype) -> fx.Node:
-    """A one-element constant of dtype ``like``: what a Python number in a binary op becomes,
-    without the dtype conversion a bare number costs in the program (an int or a float64
-    scalar is converted at run time, on a portable kernel)."""
-    return constant(gm, base, torch.tensor([value], dtype=like))
+def scalar(gm: fx.GraphModule, base: str, value: float, like: Any) -> fx.Node:
+    """``value`` as a constant of ``like``'s dtype with as many dims as ``like``, all of size
+    1: what a Python number in arithmetic with ``like`` becomes, without the dtype conversion a
+    bare number costs in the program (an int or a float64 scalar is converted at run time, on a
+    portable kernel). It broadcasts to ``like``'s shape and no further: a 0-d ``like`` stays 0-d.
+    """
+    found = tensor(like)
+    assert found is not None, f"{like} has no recorded tensor"
+    return constant(gm, base, torch.full([1] * len(found.shape), value, dtype=found.dtype))
 
 
 def argument(node: fx.Node, index: int, name: str, default: Any = None) -> Any:

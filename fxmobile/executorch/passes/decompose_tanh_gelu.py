@@ -12,8 +12,7 @@ form. Each op here XNNPACK computes as written. A NaN stays NaN, +inf gives +inf
 gives NaN, as in eager (``0.5 * -inf * (1 + -1)``).
 
 Not a candidate: the erf GELU (``approximate="none"``), which XNNPACK computes right. Left
-alone, with the reason: a dtype other than float32, a 0-d input, an input whose shape is
-unknown.
+alone, with the reason: a dtype other than float32, an input whose shape is unknown.
 """
 
 from __future__ import annotations
@@ -24,10 +23,17 @@ from typing import ClassVar
 import torch
 from torch import fx
 
-from fxmobile.executorch.passes.aten import argument, aten, call, dtype, scalar, shape
+from fxmobile.executorch.passes.aten import (
+    argument,
+    aten,
+    call,
+    dtype,
+    replace_with,
+    scalar,
+    shape,
+)
 from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
-from fxmobile.passes.graph_utils import replace_node
 from fxmobile.passes.stage import FxContext, FxPass
 
 BETA = math.sqrt(2.0) * (2.0 / math.sqrt(math.pi)) * 0.5  # sqrt(2 / pi), as ATen computes it
@@ -46,14 +52,12 @@ def can_decompose(node: fx.Node) -> bool | str:
         return "input shape unknown (pass example_inputs)"
     if found is not torch.float32:
         return f"{found} input: the XNNPACK delegate computes float32"
-    if not sizes:
-        return "a 0-d input (its one-element constants would make the output 1-d)"
     return True
 
 
 def decompose(gm: fx.GraphModule, node: fx.Node) -> fx.Node:
     """Insert the explicit tanh GELU before ``node``; its output."""
-    graph, f32 = gm.graph, torch.float32
+    graph = gm.graph
     x = node.args[0]
     with graph.inserting_before(node):
         cube = call(graph, aten.mul.Tensor, call(graph, aten.mul.Tensor, x, x), x)
@@ -61,16 +65,16 @@ def decompose(gm: fx.GraphModule, node: fx.Node) -> fx.Node:
             graph,
             aten.add.Tensor,
             x,
-            call(graph, aten.mul.Tensor, cube, scalar(gm, "gelu_kappa", KAPPA, f32)),
+            call(graph, aten.mul.Tensor, cube, scalar(gm, "gelu_kappa", KAPPA, x)),
         )
-        scaled = call(graph, aten.mul.Tensor, inner, scalar(gm, "gelu_beta", BETA, f32))
+        scaled = call(graph, aten.mul.Tensor, inner, scalar(gm, "gelu_beta", BETA, x))
         one_plus = call(
             graph,
             aten.add.Tensor,
             call(graph, aten.tanh.default, scaled),
-            scalar(gm, "gelu_one", 1.0, f32),
+            scalar(gm, "gelu_one", 1.0, x),
         )
-        half = call(graph, aten.mul.Tensor, x, scalar(gm, "gelu_half", 0.5, f32))
+        half = call(graph, aten.mul.Tensor, x, scalar(gm, "gelu_half", 0.5, x))
         return call(graph, aten.mul.Tensor, half, one_plus)
 
 
@@ -88,8 +92,6 @@ class DecomposeTanhGelu(FxPass):
             if isinstance(found, str):
                 skips.add(found)
             elif found:
-                out = decompose(gm, node)
-                out.meta.update(node.meta)
-                replace_node(node, out)
+                replace_with(node, decompose(gm, node))
                 rewrites += 1
         return PassResult(gm, rewrites, dict(skips))

@@ -32,7 +32,7 @@ from typing import ClassVar
 import torch
 from torch import fx
 
-from fxmobile.executorch.passes.aten import aten, call, constant, dtype, replace_with, shape
+from fxmobile.executorch.passes.aten import aten, call, dtype, replace_with, scalar, shape
 from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.stage import FxContext, FxPass
@@ -71,21 +71,13 @@ def multiply(gm: fx.GraphModule, node: fx.Node, exponent: float) -> fx.Node:
         if exponent == 1.0:
             return call(graph, aten.clone.default, x)
         if exponent == -1.0:
-            return call(graph, aten.div.Tensor, _one(gm, x), x)
+            return call(graph, aten.div.Tensor, scalar(gm, "one", 1.0, x), x)
         square = call(graph, aten.mul.Tensor, x, x)
         if exponent == 2.0:
             return square
         if exponent == 3.0:
             return call(graph, aten.mul.Tensor, square, x)
-        return call(graph, aten.div.Tensor, _one(gm, x), square)
-
-
-def _one(gm: fx.GraphModule, like: object) -> fx.Node:
-    """A float32 1 with as many dims as ``like``, all of size 1: it broadcasts to ``like``'s
-    shape, a 0-d one included."""
-    sizes = shape(like)
-    assert sizes is not None
-    return constant(gm, "one", torch.ones([1] * len(sizes), dtype=torch.float32))
+        return call(graph, aten.div.Tensor, scalar(gm, "one", 1.0, x), square)
 
 
 class PowAsProducts(FxPass):
