@@ -34,6 +34,33 @@ class MaskedAtRunTime(nn.Module):
         return F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
 
 
+class BiasFromParameters(nn.Module):
+    """CoAtNet's relative-position MLP: a bias over every pair of tokens, computed on each call
+    from a small table of parameters (too large a result for the constant folding to store)."""
+
+    index: torch.Tensor
+
+    def __init__(self, tokens: int, heads: int, kind: str = "finite") -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.table = nn.Parameter(torch.randn(2 * tokens - 1, heads))
+        offsets = torch.arange(tokens)[:, None] - torch.arange(tokens)[None, :] + tokens - 1
+        self.register_buffer("index", offsets.flatten())
+        self.tokens, self.heads, self.kind = tokens, heads, kind
+
+    def bias(self) -> torch.Tensor:
+        n, h = self.tokens, self.heads
+        bias = torch.sigmoid(self.table)[self.index].reshape(n, n, h).permute(2, 0, 1)
+        if self.kind == "infinite":
+            bias = bias.masked_fill(bias > 0.5, float("-inf"))
+        if self.kind == "boolean":
+            return bias.unsqueeze(0) > 0.1
+        return 16 * bias.unsqueeze(0)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias())
+
+
 def qkv(*shape: int, source: int | None = None) -> tuple[torch.Tensor, ...]:
     torch.manual_seed(0)
     *batch, length, width = shape
@@ -111,14 +138,35 @@ def test_multi_query_attention_lowers_to_one_delegate_call() -> None:
     assert (after.delegate_calls, after.portable_ops) == (1, ())
 
 
+def test_a_mask_computed_from_parameters_is_added_as_the_model_computes_it() -> None:
+    """Evaluated once to see it finite, then left to run: no constant of the mask's size."""
+    model, inputs = BiasFromParameters(tokens=6, heads=2).eval(), qkv(1, 2, 6, 4)
+    gm, record = run_pass(DecomposeSdpa(), exported(model, *inputs), *inputs)
+    assert record.rewrites == 1
+    assert count(gm, aten.scaled_dot_product_attention.default) == 0
+    assert count(gm, aten.index.Tensor) == 1  # the bias is still gathered on every call
+    assert not [n for n in gm.graph.nodes if n.op == "get_attr" and "mask" in str(n.target)]
+    assert_equivalent(model, gm, *inputs)
+
+
 @pytest.mark.parametrize(
     ("model", "inputs", "reason"),
     [
-        (MaskedAtRunTime(), (qkv(1, 2, 4, 4)[0], torch.zeros(4, 4)), "computed at run time"),
+        (MaskedAtRunTime(), (qkv(1, 2, 4, 4)[0], torch.zeros(4, 4)), "computed from the inputs"),
         (
             Attention(mask=torch.ones(4, 4, dtype=torch.bool).triu(1)),  # row 3 sees no key
             qkv(1, 2, 4, 4),
             "a query attends to nothing under attn_mask",
+        ),
+        (
+            BiasFromParameters(tokens=4, heads=2, kind="infinite"),
+            qkv(1, 2, 4, 4),
+            "attn_mask computed at run time holds an infinity or a NaN",
+        ),
+        (
+            BiasFromParameters(tokens=4, heads=2, kind="boolean"),
+            qkv(1, 2, 4, 4),
+            "torch.bool attn_mask computed at run time",
         ),
         (Attention(dropout_p=0.5), qkv(1, 2, 4, 4), "dropout_p is not 0"),
         (
@@ -132,7 +180,15 @@ def test_multi_query_attention_lowers_to_one_delegate_call() -> None:
             "batch dims differ other than by k's heads of 1",
         ),
     ],
-    ids=["run-time-mask", "fully-masked-row", "dropout", "queries-broadcast", "keys-1-then-4"],
+    ids=[
+        "run-time-mask",
+        "fully-masked-row",
+        "computed-infinite-mask",
+        "computed-boolean-mask",
+        "dropout",
+        "queries-broadcast",
+        "keys-1-then-4",
+    ],
 )
 def test_what_it_cannot_prove_is_left_alone_with_the_reason(
     model: nn.Module, inputs: tuple[torch.Tensor, ...], reason: str

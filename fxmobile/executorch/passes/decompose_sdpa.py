@@ -15,8 +15,9 @@
     K = (*B', Hk), B = (*B', g·Hk)              grouped-query attention (``enable_gqa``): query
                                                 head h reads key head h // g
 
-    m = attn_mask                                a float mask that is a constant
-      = where(attn_mask, 0, -inf)                a boolean one
+    m = attn_mask                                a float mask that is a constant, or that the
+                                                 model computes from constants alone
+      = where(attn_mask, 0, -inf)                a boolean constant one
       = where(tril(ones(L, S)), 0, -inf)         is_causal
 
 ExecuTorch's own decomposition of attention scales ``q`` and ``k`` by ``sqrt(s)`` with
@@ -31,13 +32,20 @@ q's heads are its last batch dims, next to its rows, so the reshape keeps each h
 together, and query head h of a group is rows h·L to (h+1)·L. Eager broadcasts (or repeats) k
 and v to every head instead.
 
+A float mask the model computes in ``forward`` from its parameters alone (CoAtNet's
+relative-position MLP, whose bias over 196 x 196 tokens the constant folding leaves to run time
+as too large to store) is the same tensor on every call: it is evaluated once here, on the
+module's tensors, and taken when every value is finite, so no query can attend to nothing. The
+model still computes it at run time, as eager does, and the scores add it.
+
 Left alone, with the reason: dropout (``dropout_p`` is not 0), batch dims of ``k`` and ``v``
 that differ, or that ``q``'s do not extend as above (``q`` broadcast over ``k``'s, a key dim of
-1 before a shared one), a dtype other than float32, a mask computed at run time, and a mask
-under which some query attends to nothing: eager's softmax is "safe" there (it returns zeros),
-a softmax over ``-inf`` alone is NaN, and XNNPACK has no op that tells them apart at run time.
-(Constant masks are what vision models have; fxmobile's constant folding makes one of a mask
-built from constants in ``forward``.)
+1 before a shared one), a dtype other than float32, a mask computed from the inputs, a boolean
+mask computed at run time, a run-time mask with an infinity or a NaN, and a mask under which
+some query attends to nothing: eager's softmax is "safe" there (it returns zeros), a softmax
+over ``-inf`` alone is NaN, and XNNPACK has no op that tells them apart at run time. (Constant
+masks are what vision models have; fxmobile's constant folding makes one of a mask built from
+constants in ``forward``.)
 """
 
 from __future__ import annotations
@@ -49,8 +57,18 @@ from typing import Any, ClassVar
 import torch
 from torch import fx
 
-from fxmobile.executorch.passes.aten import aten, call, constant, dtype, numel, rewrite_each, shape
-from fxmobile.infra import PassResult
+from fxmobile.executorch.passes.aten import (
+    aten,
+    call,
+    constant,
+    dtype,
+    input_independent,
+    numel,
+    rewrite_each,
+    shape,
+)
+from fxmobile.executorch.passes.fold_constant_subgraphs import evaluate
+from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.graph_utils import attr_of
 from fxmobile.passes.stage import FxContext, FxPass
@@ -83,7 +101,22 @@ class Attention:
     width: int  # E
     value_width: int  # Ev
     scale: float
-    mask: torch.Tensor | None  # the constant added to the scores
+    # added to the scores: a constant, or the node computing a mask from constants alone
+    mask: torch.Tensor | fx.Node | None
+
+
+class Constants:
+    """The values of ``gm``'s input-independent nodes, evaluated once, on first use."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        self.gm = gm
+        self._values: dict[fx.Node, Any] | None = None
+
+    def value(self, node: fx.Node) -> Any:
+        """``node``'s value, or None when it depends on the inputs or cannot be evaluated."""
+        if self._values is None:
+            self._values, _ = evaluate(self.gm, Skips())
+        return self._values.get(node)
 
 
 def _arguments(node: fx.Node) -> dict[str, Any]:
@@ -92,8 +125,11 @@ def _arguments(node: fx.Node) -> dict[str, Any]:
     return bound
 
 
-def can_decompose(gm: fx.GraphModule, node: fx.Node) -> Attention | str | None:
-    """The attention ``node`` computes, a reason it must stay, or None when it is none."""
+def can_decompose(
+    gm: fx.GraphModule, node: fx.Node, constants: Constants | None = None
+) -> Attention | str | None:
+    """The attention ``node`` computes, a reason it must stay, or None when it is none.
+    ``constants`` evaluates a mask computed from constants (shared by a pass's calls)."""
     if node.op != "call_function" or node.target is not aten.scaled_dot_product_attention.default:
         return None
     args = _arguments(node)
@@ -113,7 +149,8 @@ def can_decompose(gm: fx.GraphModule, node: fx.Node) -> Attention | str | None:
     if isinstance(group, str):
         return group
     length, source = qs[-2], ks[-2]
-    mask = _mask(gm, args.get("attn_mask"), bool(args.get("is_causal")), length, source)
+    causal = bool(args.get("is_causal"))
+    mask = _mask(gm, args.get("attn_mask"), causal, length, source, constants or Constants(gm))
     if isinstance(mask, str):
         return mask
     scale = args.get("scale")
@@ -151,9 +188,10 @@ def _group(queries: tuple[int, ...], keys: tuple[int, ...], gqa: bool) -> int | 
 
 
 def _mask(
-    gm: fx.GraphModule, mask: Any, causal: bool, length: int, source: int
-) -> torch.Tensor | str | None:
-    """The constant to add to the scores, None for no mask, or a reason to stay.
+    gm: fx.GraphModule, mask: Any, causal: bool, length: int, source: int, constants: Constants
+) -> torch.Tensor | fx.Node | str | None:
+    """The constant to add to the scores, the node of a mask computed from constants, None for
+    no mask, or a reason to stay.
 
     Eager's attention returns zeros for a query whose every key is masked (its softmax is
     "safe"); a softmax over ``-inf`` alone is NaN, and XNNPACK has no op to tell the two apart
@@ -165,8 +203,10 @@ def _mask(
         return _additive(torch.ones(length, source, dtype=torch.bool).tril())
     if mask is None:
         return None
-    if not isinstance(mask, fx.Node) or mask.op != "get_attr":
-        return "attn_mask computed at run time (it may mask a whole row, where eager gives zeros)"
+    if not isinstance(mask, fx.Node):
+        return f"attn_mask of type {type(mask).__name__}"
+    if mask.op != "get_attr":
+        return _computed_mask(mask, constants)
     value = attr_of(gm, mask)
     if value.dtype is torch.bool:
         value = _additive(value)
@@ -175,6 +215,21 @@ def _mask(
     if bool(value.isneginf().all(-1).any()):
         return "a query attends to nothing under attn_mask"
     return value
+
+
+def _computed_mask(mask: fx.Node, constants: Constants) -> fx.Node | str:
+    """``mask``, a mask the model computes on every call, when it is computed from constants
+    alone into finite float32 values; else why the attention stays."""
+    value = constants.value(mask) if input_independent(mask) else None
+    if not isinstance(value, torch.Tensor):
+        return (
+            "attn_mask computed from the inputs (it may mask a whole row, where eager gives zeros)"
+        )
+    if value.dtype is not torch.float32:
+        return f"{value.dtype} attn_mask computed at run time"
+    if not bool(value.isfinite().all()):
+        return "attn_mask computed at run time holds an infinity or a NaN"
+    return mask
 
 
 def _additive(keep: torch.Tensor) -> torch.Tensor:
@@ -193,7 +248,9 @@ def decompose(gm: fx.GraphModule, match: Attention) -> fx.Node:
         k = call(graph, aten.reshape.default, match.k, [b, source, width])
         scores = call(graph, aten.bmm.default, q, call(graph, aten.permute.default, k, [0, 2, 1]))
         if match.mask is not None:
-            mask = constant(gm, "attention_mask", match.mask)
+            mask = match.mask
+            if isinstance(mask, torch.Tensor):
+                mask = constant(gm, "attention_mask", mask)
             full = call(graph, aten.reshape.default, scores, [*match.batch, length, source])
             masked = call(graph, aten.add.Tensor, full, mask)
             scores = call(graph, aten.reshape.default, masked, [b, rows, source])
@@ -211,4 +268,5 @@ class DecomposeSdpa(FxPass):
     needs_shapes: ClassVar[bool] = True
 
     def call(self, gm: fx.GraphModule, ctx: FxContext) -> PassResult[fx.GraphModule]:
-        return rewrite_each(gm, lambda node: can_decompose(gm, node), decompose)
+        constants = Constants(gm)
+        return rewrite_each(gm, lambda node: can_decompose(gm, node, constants), decompose)
