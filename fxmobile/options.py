@@ -108,6 +108,8 @@ class MobileOptimizerType(enum.Enum):
     POW_AS_PRODUCTS = "pow_as_products"
     REMOVE_LAYOUT_COPIES = "remove_layout_copies"
     AVG_POOL_PADDING_AS_PAD = "avg_pool_padding_as_pad"
+    POOL1D_AS_POOL2D = "pool1d_as_pool2d"
+    UNFOLD_AS_PERMUTE = "unfold_as_permute"
     # (the export stage's decompose_batchnorm is DECOMPOSE_BATCHNORM: the same rewrite)
 
 

@@ -18,6 +18,8 @@ CASES = {
     "squeeze-all": (lambda x: x[:1, :1].squeeze() * x[0, 0], aten.squeeze.default),
     "unsqueeze-inner": (lambda x: x.unsqueeze(1) * x.unsqueeze(1), aten.unsqueeze.default),
     "noop-expand": (lambda x: x.expand(3, -1, -1) * x, aten.expand.default),
+    "repeat-by-ones": (lambda x: x.relu().repeat(1, 1, 1) * x, aten.repeat.default),
+    "repeat-new-dims": (lambda x: x.relu().repeat(1, 1, 1, 1, 1) + 1, aten.repeat.default),
 }
 
 
@@ -41,6 +43,24 @@ def test_a_trailing_unsqueeze_and_a_real_broadcast_stay() -> None:
     assert record.rewrites == 0
     assert count(gm, aten.unsqueeze.default) == 1
     assert count(gm, aten.expand.default) == 1
+
+
+def test_a_repeat_that_tiles_stays_with_the_reason() -> None:
+    model, x = Apply(lambda x: x.repeat(2, 1, 1) * 2).eval(), torch.randn(3, 4, 8)
+    gm, record = run_pass(ReshapeViews(), exported(model, x), x)
+    assert record.rewrites == 0
+    assert record.skips == {"a repeat that tiles (XNNPACK has no tiling op)": 1}
+    assert count(gm, aten.repeat.default) == 1
+
+
+def test_a_repeat_by_ones_no_longer_runs_outside_the_delegate() -> None:
+    """XCiT repeats its positional encoding by the batch size: 1 here."""
+    model, x = Apply(lambda x: torch.relu(x).repeat(1, 1, 1) * x).eval(), torch.randn(1, 4, 8)
+    before = program_of(exported(model, x), x)
+    assert {p.op for p in before.portable_ops} == {"aten.repeat"}
+    gm, _ = run_pass(ReshapeViews(), exported(model, x), x)
+    after = program_of(gm, x)
+    assert (after.delegate_calls, after.portable_ops) == (1, ())
 
 
 def test_an_inner_unsqueeze_no_longer_cuts_the_delegate() -> None:

@@ -71,6 +71,11 @@ def integer(value: Any) -> int:
     return int(value)
 
 
+def integers(values: Any) -> list[int]:
+    """An int-list argument of an op (sizes, a kernel, repeats) as ints."""
+    return [integer(v) for v in values]
+
+
 def numel(sizes: Sequence[int]) -> int:
     """Elements of a tensor of ``sizes``."""
     return math.prod(sizes)

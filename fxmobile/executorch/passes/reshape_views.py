@@ -5,6 +5,7 @@
     flatten(x, a, b)       -> reshape(x, out.shape)
     unflatten(x, d, sizes) -> reshape(x, out.shape)
     expand(x, sizes)       -> reshape(x, out.shape)      (sizes that add no element: a no-op)
+    repeat(x, [1, ...])    -> reshape(x, out.shape)      (likewise)
     alias(x)               -> x                          (a reshape when it is an output)
     cat([x], d)            -> x                          (likewise)
     reshape(x, x.shape)    -> x                          (likewise)
@@ -25,7 +26,11 @@ the general form (``decompose_layer_norm`` reshapes to rows and back, and its we
 and where it changes nothing it is a node for ExecuTorch's lowering to trace through every one
 of its passes (92 of the 460 ops of torchvision's ConvNeXt-T).
 
-Left alone, with the reason: an output whose shape is unknown or symbolic.
+A ``repeat`` by ones copies its input (XCiT repeats its positional encoding by the batch size,
+1 in a program for one image); the partitioner has no config for ``repeat``.
+
+Left alone, with the reason: a ``repeat`` that tiles (XNNPACK has no tiling op), and an output
+whose shape is unknown or symbolic.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from typing import ClassVar
 
 from torch import fx
 
-from fxmobile.executorch.passes.aten import aten, call, integer, numel, shape
+from fxmobile.executorch.passes.aten import aten, call, integer, integers, numel, shape
 from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.graph_utils import replace_node
@@ -86,6 +91,9 @@ def can_reshape(node: fx.Node) -> tuple[int, ...] | str | None:
         source, out = shape(node.args[0]), shape(node)
         if source is None or out is None or numel(source) != numel(out):
             return None  # a real broadcast: remove_expand's
+    elif node.target is aten.repeat.default:
+        if any(times != 1 for times in integers(node.args[1])):
+            return "a repeat that tiles (XNNPACK has no tiling op)"
     elif node.target not in SHAPE_ONLY:
         return None
     out = shape(node)
@@ -95,12 +103,13 @@ def can_reshape(node: fx.Node) -> tuple[int, ...] | str | None:
 
 
 class ReshapeViews(FxPass):
-    """Write squeezes, unsqueezes, flattens and no-op expands as reshapes; drop aliases, cats of
-    one tensor and reshapes to the input's own shape."""
+    """Write squeezes, unsqueezes, flattens, no-op expands and repeats as reshapes; drop aliases,
+    cats of one tensor and reshapes to the input's own shape."""
 
     optimization = MobileOptimizerType.RESHAPE_VIEWS
     summary: ClassVar[str] = (
-        "squeeze, unsqueeze, flatten, no-op expand -> reshape; alias, reshape to x's shape -> x"
+        "squeeze, unsqueeze, flatten, no-op expand or repeat -> reshape; alias, reshape to x's "
+        "shape -> x"
     )
     needs_shapes: ClassVar[bool] = True
 

@@ -21,7 +21,7 @@ from typing import ClassVar
 
 from torch import fx
 
-from fxmobile.executorch.passes.aten import aten, call, integer, shape
+from fxmobile.executorch.passes.aten import aten, call, integer, integers, shape
 from fxmobile.infra import PassResult, Skips
 from fxmobile.options import MobileOptimizerType
 from fxmobile.passes.graph_utils import replace_node
@@ -67,7 +67,7 @@ def _lengths(node: fx.Node, size: int) -> list[int]:
     """The sizes of a split's parts along its dim, as torch computes them."""
     arg = node.args[1]
     if node.target is aten.split_with_sizes.default:
-        return [integer(n) for n in arg]  # type: ignore[union-attr]
+        return integers(arg)
     if node.target is aten.chunk.default:
         chunks = integer(arg)
         step = -(-size // chunks)  # ceil: torch.chunk's part size
