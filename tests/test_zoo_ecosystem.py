@@ -7,8 +7,8 @@ every one optimizes with the defaults, matches eager within 1e-4 of the output's
 the original untouched, and leaves no ``aten::batch_norm`` and no unprepacked convolution in the
 frozen graph. Each model runs in its own child process under the memory guard.
 
-The slow tests are the target and fail on the code they were written against; they need the
-``ecosystem`` extra (``pip install -e '.[ecosystem]'``) and are skipped, saying so, without it.
+The slow tests need the ``ecosystem`` extra (``pip install -e '.[ecosystem]'``) and are skipped,
+saying so, without it.
 """
 
 from __future__ import annotations

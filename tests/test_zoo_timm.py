@@ -6,8 +6,8 @@ with the defaults and match eager within 1e-4 of the output's scale, leaving the
 untouched, or be refused with a clean ``FxMobileError``; at least 98% must optimize. Each model
 runs in its own child process under the memory guard (``model_zoo_checks.inventory``).
 
-The slow tests are the target and fail on the code they were written against (``make test-slow``
-or ``pytest -m slow tests/test_zoo_timm.py``); the catalogue checks run in ``make test``.
+The slow tests run with ``make test-slow`` or ``pytest -m slow tests/test_zoo_timm.py``; the
+catalogue checks run in ``make test``.
 """
 
 from __future__ import annotations
