@@ -120,6 +120,24 @@ def test_own_flow_leaves_expand_copy_and_this_leaves_none() -> None:
     assert (after.delegate_calls, after.portable_ops) == (1, ())
 
 
+def test_ones_over_the_bound_are_split_over_their_dims() -> None:
+    """timm's EvoNorm expands its group statistics, [1, G, 1, 1, 1] to [1, G, 16, 128, 128]:
+    ones of 262144 elements, multiplied as [1, 1, 16, 128, 1] and [1, 1, 1, 1, 128]."""
+    model = Function(lambda x: x.expand(1, 2, 16, 128, 128).reshape(1, 32, 128, 128)).eval()
+    x = torch.randn(1, 2, 1, 1, 1)
+    x[0, 1] = float("nan")
+    gm, record = run_pass(RemoveExpands(), exported(model, x), x)
+    assert record.rewrites == 1
+    assert count(gm, aten.expand.default) == 0
+    ones = sorted(tuple(b.shape) for b in gm.buffers())
+    assert ones == [(1, 1, 1, 1, 128), (1, 1, 16, 128, 1)]
+    with torch.no_grad():
+        assert torch.equal(gm(x).isnan(), model(x).isnan())
+        assert torch.equal(gm(x).nan_to_num(), model(x).nan_to_num())
+    after = program_of(gm, x)
+    assert (after.delegate_calls, after.portable_ops) == (1, ())
+
+
 def test_a_no_op_expand_is_no_candidate() -> None:
     model, x = Function(lambda x: x.expand(1, 4, 8) * 2.0).eval(), torch.randn(1, 4, 8)
     _, record = run_pass(RemoveExpands(), exported(model, x), x)
@@ -138,7 +156,7 @@ def test_a_no_op_expand_is_no_candidate() -> None:
         (
             lambda x: torch.cat([x.expand(MAX_ONES + 1, 2), x.expand(MAX_ONES + 1, 2)], 1),
             torch.randn(1, 2),
-            f"ones of {MAX_ONES + 1} elements for a multiplication (over {MAX_ONES})",
+            f"ones of a dim over {MAX_ONES} elements for a multiplication",
         ),
     ],
     ids=["int64", "large"],

@@ -15,13 +15,15 @@ one runs on a portable kernel between two delegate calls: ``x / norm.expand_as(x
 broadcast at any rank it takes.
 
 ``J`` has an element per element the expand adds, not per element of its output (a [1, 1, C]
-token expanded to [B, 1, C] multiplies by ones of [B, 1, 1]); a ``J`` of more than
-``MAX_ONES`` elements (256 KiB of float32) is not added to the program, and the expand is left
-as it is.
+token expanded to [B, 1, C] multiplies by ones of [B, 1, 1]). A ``J`` of more than ``MAX_ONES``
+elements (256 KiB of float32) is split over its dims into factors of at most that many, one
+multiplication each (EvoNorm's group statistics, [1, G, 1, 1, 1] expanded to
+[1, G, 16, 128, 128], multiply by ones of [1, 1, 16, 128, 1] and of [1, 1, 1, 1, 128]); a single
+dim over ``MAX_ONES`` leaves the expand as it is.
 
 Not a candidate: an expand that adds no element (``reshape_views`` makes it a reshape). Left
 alone, with the reason: an output or input shape that is unknown, a tensor of a dtype other than
-float32 that some user does not broadcast, and a ``J`` over ``MAX_ONES``.
+float32 that some user does not broadcast, and a dim of ``J`` over ``MAX_ONES``.
 """
 
 from __future__ import annotations
@@ -80,10 +82,25 @@ def ones_shape(source: tuple[int, ...], out: tuple[int, ...]) -> tuple[int, ...]
     return tuple(size if i < lead or source[i - lead] != size else 1 for i, size in enumerate(out))
 
 
-def can_remove(node: fx.Node) -> tuple[list[fx.Node], tuple[int, ...] | None] | str | None:
-    """For a broadcasting expand: the users that broadcast it themselves, and the shape of the
-    ones the others need (None when there are none); a reason to stay; None when ``node`` is
-    no such expand."""
+def factors(ones: tuple[int, ...]) -> list[tuple[int, ...]] | None:
+    """``ones`` split over its dims, in order, into shapes of at most ``MAX_ONES`` elements
+    whose product broadcasts to it; None when a single dim is larger."""
+    found: list[tuple[int, ...]] = []
+    current = [1] * len(ones)
+    for dim, size in enumerate(ones):
+        if size > MAX_ONES:
+            return None
+        if numel(current) * size > MAX_ONES:
+            found.append(tuple(current))
+            current = [1] * len(ones)
+        current[dim] = size
+    return [*found, tuple(current)]
+
+
+def can_remove(node: fx.Node) -> tuple[list[fx.Node], list[tuple[int, ...]]] | str | None:
+    """For a broadcasting expand: the users that broadcast it themselves, and the shapes of the
+    ones the others need multiplied by (none when there are no others); a reason to stay; None
+    when ``node`` is no such expand."""
     if node.op != "call_function" or node.target is not aten.expand.default:
         return None
     source = node.args[0]
@@ -96,29 +113,33 @@ def can_remove(node: fx.Node) -> tuple[list[fx.Node], tuple[int, ...] | None] | 
     # A 0-d tensor takes part in type promotion as a number, an expanded one as a tensor.
     broadcasting = [u for u in node.users if sizes and broadcasts(u, node)]
     if len(broadcasting) == len(node.users):
-        return broadcasting, None
+        return broadcasting, []
     if dtype(node) is not torch.float32:
         return (
             f"{dtype(node)} expand used other than by a broadcasting op "
             "(a multiplication by ones would be float32)"
         )
     ones = ones_shape(sizes, out)
-    if numel(ones) > MAX_ONES:
-        return f"ones of {numel(ones)} elements for a multiplication (over {MAX_ONES})"
-    return broadcasting, ones
+    split = factors(ones)
+    if split is None:
+        return f"ones of a dim over {MAX_ONES} elements for a multiplication"
+    return broadcasting, split
 
 
 def remove(
-    gm: fx.GraphModule, node: fx.Node, users: list[fx.Node], ones: tuple[int, ...] | None
+    gm: fx.GraphModule, node: fx.Node, users: list[fx.Node], ones: list[tuple[int, ...]]
 ) -> None:
-    """Route ``users`` to the expand's input, and the rest to ``input * ones``; erase it."""
+    """Route ``users`` to the expand's input, and the rest to ``input * ones...``; erase it."""
     source = node.args[0]
     for user in users:
         user.replace_input_with(node, source)  # type: ignore[arg-type]
-    if ones is not None:
+    if ones:
+        product = source
         with gm.graph.inserting_before(node):
-            by = constant(gm, "expand_ones", torch.ones(ones, dtype=torch.float32))
-            product = call(gm.graph, aten.mul.Tensor, source, by)
+            for factor in ones:
+                by = constant(gm, "expand_ones", torch.ones(factor, dtype=torch.float32))
+                product = call(gm.graph, aten.mul.Tensor, product, by)
+        assert isinstance(product, fx.Node)
         product.meta.update(node.meta)
         node.replace_all_uses_with(product)
     gm.graph.erase_node(node)
