@@ -34,6 +34,12 @@ class MaskedAtRunTime(nn.Module):
         return F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
 
 
+class RandomMask(nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        mask = torch.randn(q.shape[-2], k.shape[-2])
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 class BiasFromParameters(nn.Module):
     """CoAtNet's relative-position MLP: a bias over every pair of tokens, computed on each call
     from a small table of parameters (too large a result for the constant folding to store)."""
@@ -168,6 +174,7 @@ def test_a_mask_computed_from_parameters_is_added_as_the_model_computes_it() -> 
             qkv(1, 2, 4, 4),
             "torch.bool attn_mask computed at run time",
         ),
+        (RandomMask(), qkv(1, 2, 4, 4), "attn_mask drawn at random or not evaluable once"),
         (Attention(dropout_p=0.5), qkv(1, 2, 4, 4), "dropout_p is not 0"),
         (
             Attention(),
@@ -185,6 +192,7 @@ def test_a_mask_computed_from_parameters_is_added_as_the_model_computes_it() -> 
         "fully-masked-row",
         "computed-infinite-mask",
         "computed-boolean-mask",
+        "random-mask",
         "dropout",
         "queries-broadcast",
         "keys-1-then-4",

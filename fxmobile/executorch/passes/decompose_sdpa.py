@@ -41,11 +41,11 @@ model still computes it at run time, as eager does, and the scores add it.
 Left alone, with the reason: dropout (``dropout_p`` is not 0), batch dims of ``k`` and ``v``
 that differ, or that ``q``'s do not extend as above (``q`` broadcast over ``k``'s, a key dim of
 1 before a shared one), a dtype other than float32, a mask computed from the inputs, a boolean
-mask computed at run time, a run-time mask with an infinity or a NaN, and a mask under which
-some query attends to nothing: eager's softmax is "safe" there (it returns zeros), a softmax
-over ``-inf`` alone is NaN, and XNNPACK has no op that tells them apart at run time. (Constant
-masks are what vision models have; fxmobile's constant folding makes one of a mask built from
-constants in ``forward``.)
+mask computed at run time, one drawn at random, a run-time mask with an infinity or a NaN, and
+a mask under which some query attends to nothing: eager's softmax is "safe" there (it returns
+zeros), a softmax over ``-inf`` alone is NaN, and XNNPACK has no op that tells them apart at run
+time. (Constant masks are what vision models have; fxmobile's constant folding makes one of a
+mask built from constants in ``forward``.)
 """
 
 from __future__ import annotations
@@ -220,11 +220,13 @@ def _mask(
 def _computed_mask(mask: fx.Node, constants: Constants) -> fx.Node | str:
     """``mask``, a mask the model computes on every call, when it is computed from constants
     alone into finite float32 values; else why the attention stays."""
-    value = constants.value(mask) if input_independent(mask) else None
-    if not isinstance(value, torch.Tensor):
+    if not input_independent(mask):
         return (
             "attn_mask computed from the inputs (it may mask a whole row, where eager gives zeros)"
         )
+    value = constants.value(mask)
+    if not isinstance(value, torch.Tensor):
+        return "attn_mask drawn at random or not evaluable once"
     if value.dtype is not torch.float32:
         return f"{value.dtype} attn_mask computed at run time"
     if not bool(value.isfinite().all()):
