@@ -16,7 +16,9 @@ partitioner takes neither view (an inner ``unsqueeze`` or any ``squeeze``): each
 the delegate in two, as in Next-ViT's attention, which pools its keys with ``nn.AvgPool1d``
 (three cuts). Written here, the 2-D pooling is in the graph the later passes see, so an average
 pooling that counts its padding or an adaptive one of size 1 is rewritten as any 2-D one is, and
-the reshapes are views the partitioner takes.
+the reshapes are views the partitioner takes. Delegated, a max pooling computes what every 2-D
+one the delegate runs computes: -inf for a window holding a NaN, where eager gives NaN (XNNPACK's
+kernel; docs/pages/limits.md).
 
 Left alone, with the reason: an input or output whose shape is not known.
 """
