@@ -69,7 +69,8 @@ def assert_same_nonfinite(
 ) -> None:
     """NaN where eager has NaN, and the same infinities: a rewrite must keep what eager does
     with a NaN or an infinity in its input. Given ``atol`` or ``rtol``, the finite values must
-    be as close to eager's as ``torch.allclose`` says (its default for the other one)."""
+    be as close to eager's as ``torch.allclose`` says (its default for the other one); both 0:
+    bit for bit."""
     assert torch.equal(expected.isnan(), got.isnan()), "NaN positions differ"
     assert torch.equal(expected.isposinf(), got.isposinf()), "+inf positions differ"
     assert torch.equal(expected.isneginf(), got.isneginf()), "-inf positions differ"
